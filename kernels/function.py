@@ -1,0 +1,58 @@
+"""The autograd Function shared by both backends: forward keeps only O(N) state, backward recomputes.
+
+A backend supplies `forward(E, C, y, beta, ignore_index, softcap) -> (loss, lse, p_target, p_max)` (per
+token, float32) and `backward(E, C, y, lse, g, beta, ignore_index, softcap, need_dE, need_dC) -> (dE, dC)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+
+class Backend(Protocol):
+    def forward(
+        self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+        label_smoothing: float, ignore_index: int, softcap: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def backward(
+        self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+        grad_loss: torch.Tensor, label_smoothing: float, ignore_index: int, softcap: float | None,
+        need_hidden_grad: bool, need_weight_grad: bool,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]: ...
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    """Per-token label-smoothed cross-entropy of hidden @ weight.T; the statistics are non-differentiable."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        backend: Backend,
+        label_smoothing: float,
+        ignore_index: int,
+        softcap: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        loss, lse, target_prob, max_prob = backend.forward(
+            hidden, weight, targets, label_smoothing, ignore_index, softcap
+        )
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.backend, ctx.label_smoothing, ctx.ignore_index, ctx.softcap = (
+            backend, label_smoothing, ignore_index, softcap,
+        )
+        ctx.mark_non_differentiable(lse, target_prob, max_prob)
+        return loss, lse, target_prob, max_prob
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor, *_unused: torch.Tensor) -> tuple[Any, ...]:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        d_hidden, d_weight = ctx.backend.backward(
+            hidden, weight, targets, lse, grad_loss.contiguous(), ctx.label_smoothing, ctx.ignore_index,
+            ctx.softcap, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+        )
+        return d_hidden, d_weight, None, None, None, None, None

@@ -1,0 +1,86 @@
+"""Shared test inputs and the accuracy rule for the linear cross-entropy tests.
+
+Accuracy rule (after Cut Cross-Entropy): for float16/bfloat16 inputs, the max abs error of our loss and of
+each gradient against the float64 truth must not exceed torch's own error in that dtype (F.cross_entropy on
+materialised low-precision logits) plus a margin of LOWP_MARGIN * max|truth|. For float32 inputs the error
+must be below FP32_RTOL * max|truth|.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kernels.reference import reference_cross_entropy
+
+LOWP_MARGIN = 2e-3
+FP32_RTOL = 2e-5
+
+
+def make_case(
+    n: int, vocab: int, dim: int, dtype: torch.dtype, *, ignore_frac: float = 0.0, peaked: bool = False,
+    seed: int = 0, device: str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hidden (n, dim), weight (vocab, dim), targets (n,). Random logits have std about 3; `peaked` puts each
+    target row of the weight near its hidden state (CCE's trick) so that p_target is close to 1."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, dim, generator=g, dtype=torch.float64)
+    weight = torch.randn(vocab, dim, generator=g, dtype=torch.float64) * (3.0 / dim**0.5)
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    if peaked:
+        # Logit of the target about 20 above the others: the softmax is nearly one-hot.
+        weight = weight * 0.3
+        weight[targets] = 0.0
+        weight.index_add_(0, targets, hidden * (20.0 / dim))
+    if ignore_frac > 0.0:
+        targets[torch.rand(n, generator=g) < ignore_frac] = -100
+    return hidden.to(dtype).to(device), weight.to(dtype).to(device), targets.to(device)
+
+
+def loss_and_grads(
+    fn: Callable[..., torch.Tensor], hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+    reduction: str = "mean", seed: int = 1, **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, dhidden, dweight) as float64; for reduction="none" the upstream gradient is random."""
+    h = hidden.detach().clone().requires_grad_(True)
+    w = weight.detach().clone().requires_grad_(True)
+    loss = fn(h, w, targets, reduction=reduction, **kwargs)
+    if reduction == "none":
+        g = torch.Generator().manual_seed(seed)
+        upstream = torch.rand(loss.shape, generator=g, dtype=torch.float64).to(loss.device)
+        (loss.double() * upstream).sum().backward()
+    else:
+        loss.backward()
+    return loss.detach().double(), h.grad.double(), w.grad.double()
+
+
+def truth_and_torch(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, reduction: str = "mean", **kwargs: object,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """float64 truth and torch's own computation in the input dtype (for the low-precision rule)."""
+    truth = loss_and_grads(
+        lambda h, w, y, **kw: reference_cross_entropy(h, w, y, dtype=torch.float64, **kw),
+        hidden.double(), weight.double(), targets, reduction, **kwargs,
+    )
+    own = loss_and_grads(
+        lambda h, w, y, **kw: reference_cross_entropy(h, w, y, dtype=hidden.dtype, **kw),
+        hidden, weight, targets, reduction, **kwargs,
+    )
+    return truth, own
+
+
+def assert_accurate(
+    ours: tuple[torch.Tensor, ...], truth: tuple[torch.Tensor, ...], own: tuple[torch.Tensor, ...],
+    dtype: torch.dtype, margin: float = LOWP_MARGIN,
+) -> None:
+    """Apply the accuracy rule of this module to (loss, dhidden, dweight)."""
+    for name, o, t, r in zip(("loss", "dhidden", "dweight"), ours, truth, own):
+        o, t, r = o.cpu(), t.cpu(), r.cpu()
+        scale = t.abs().max().item() if t.numel() else 0.0
+        err = (o - t).abs().max().item() if t.numel() else 0.0
+        if dtype in (torch.float32, torch.float64):
+            bound = FP32_RTOL * scale + 1e-12
+        else:
+            bound = (r - t).abs().max().item() + margin * scale
+        assert err <= bound, f"{name}: error {err:.3e} > bound {bound:.3e} (scale {scale:.3e}, {dtype})"
