@@ -115,17 +115,20 @@ def load_tokenizer(spec: ModelSpec, custom: dict[str, ModelSpec] | None = None):
     return tokenizer
 
 
-def load_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32, seed: int = 0):
-    """Instantiate the causal LM of ``spec`` (random-init weights drawn from ``seed``)."""
+def load_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32, seed: int = 0, **config_overrides: Any):
+    """Instantiate the causal LM of ``spec`` (random-init weights drawn from ``seed``).
+
+    ``config_overrides`` (e.g. ``attention_dropout=0.1``) are set on the model config before construction.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if spec.source == "random_init":
-        config = AutoConfig.for_model(spec.location, **spec.architecture_config)
+        config = AutoConfig.for_model(spec.location, **{**spec.architecture_config, **config_overrides})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return AutoModelForCausalLM.from_config(config, dtype=dtype)
     location, kwargs = _pretrained_location(spec)
-    return AutoModelForCausalLM.from_pretrained(location, dtype=dtype, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(location, dtype=dtype, **kwargs, **config_overrides)
 
 
 def load_pretrained(name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

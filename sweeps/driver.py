@@ -1,0 +1,99 @@
+"""The Ray Tune function of one trial: it drives a Ray Train ``TorchTrainer`` and records the outcome.
+
+Pattern of Ray Train V2 + Tune: Tune runs ``trial_driver(params)`` per grid point; the driver builds the
+trial's ``TorchTrainer`` (one or more workers running ``trainable.worker.train_fn_per_worker``), forwards
+worker reports to Tune (``TuneReportCallback``), and writes the trial's row (ok, or failed with its error)
+to the results store. A trial already stored as ok is not run again (resume).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from typing import Any
+
+from sweeps import store
+from sweeps.config import SweepConfig, sweep_from_dict
+
+ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_first", "train_steps", "train_tokens", "tokens_per_s",
+                         "precision", "device", "world_size", "model_source", "model_location", "wall_load_s",
+                         "wall_train_s", "wall_eval_s", "wall_total_s")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def one_line(error: BaseException) -> str:
+    """The innermost cause of an error as 'Type: message' on one line."""
+    while error.__cause__ is not None or getattr(error, "__context__", None) is not None:
+        error = error.__cause__ or error.__context__
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message}"[:2000]
+
+
+def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any], status: str,
+              error: str | None, started: dt.datetime, provenance: dict[str, str]) -> dict[str, Any]:
+    """One row of ``store.TRIAL_SCHEMA`` for a finished (or failed) trial."""
+    trial = sweep.trial(params["family"], params["learning_rate"], params["label_smoothing"])
+    row: dict[str, Any] = {
+        "run_name": sweep.name, "trial_id": trial.trial_id, "status": status, "error": error,
+        "family": trial.family, "sft_dataset": trial.sft.dataset, "learning_rate": trial.learning_rate,
+        "label_smoothing": trial.label_smoothing, "seed": trial.seed,
+        "config_json": store.config_json(trial.to_dict()),
+        "n_params": metrics.get("model_n_params"), "vocab_size": metrics.get("model_vocab_size"),
+        "hidden_size": metrics.get("model_hidden_size"),
+        "started_at": started, "finished_at": _now(), "hostname": socket.gethostname(), **provenance,
+    }
+    row.update({key: metrics.get(key) for key in ROW_KEYS_FROM_METRICS})
+    row.update({name: metrics[name] for name in store.METRIC_COLUMNS if name in metrics})
+    return row
+
+
+def scaling_config(sweep: SweepConfig):
+    """Workers per trial and their resources, from the config (null entries are decided in launch)."""
+    from ray.train import ScalingConfig
+
+    resources = sweep.resources
+    gpus = resources.gpus_per_worker or 0
+    return ScalingConfig(num_workers=resources.workers_per_trial, use_gpu=gpus > 0,
+                         resources_per_worker={"CPU": resources.cpus_per_worker or 1, **({"GPU": gpus} if gpus else {})})
+
+
+def trial_driver(params: dict[str, Any]) -> None:
+    """Run one grid point as a TorchTrainer; record ok/failed in the store; re-raise failures for Tune."""
+    import ray.tune
+    from ray.train import FailureConfig, RunConfig
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from trainable.worker import train_fn_per_worker
+
+    sweep = sweep_from_dict(params["sweep"])
+    trial = sweep.trial(params["family"], params["learning_rate"], params["label_smoothing"])
+    if trial.trial_id in store.finished_trial_ids(sweep.results_dir, sweep.name):
+        ray.tune.report({"phase": "done", "resumed_from_store": True})
+        return
+    started = _now()
+    trainer = TorchTrainer(
+        train_fn_per_worker,
+        train_loop_config=trial.to_dict(),
+        scaling_config=scaling_config(sweep),
+        run_config=RunConfig(
+            name=f"{sweep.name}-{trial.trial_id}",
+            storage_path=params["storage_path"],
+            failure_config=FailureConfig(max_failures=sweep.resources.max_failures),
+            callbacks=[TuneReportCallback()],
+            worker_runtime_env={"env_vars": {k: v for k, v in os.environ.items()
+                                             if k.startswith(("CALSWEEP_", "DS_", "HF_"))}},
+        ),
+    )
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then surfaced to Tune
+        store.write_trial(sweep.results_dir, trial_row(sweep, params, {}, "failed", one_line(exc), started,
+                                                        params["provenance"]))
+        raise
+    store.write_trial(sweep.results_dir, trial_row(sweep, params, result.metrics or {}, "ok", None, started,
+                                                    params["provenance"]))

@@ -1,0 +1,160 @@
+"""The results store: two Parquet datasets under one root (a local path or any pyarrow.fs URI, e.g. s3://).
+
+    <root>/trials/<run>__<trial_id>.parquet      one row per trial (TRIAL_SCHEMA)
+    <root>/questions/<run>__<trial_id>.parquet   one row per scored question (QUESTION_SCHEMA)
+
+A trial's files are named by its deterministic id, so a retry or a resumed sweep replaces them and the
+store keeps exactly one row per trial. Each file is written under a hidden temporary name and then moved
+into place (a rename on local and NFS storage), so a killed writer never leaves a half file where readers
+look; readers skip hidden files. Both tables are plain Parquet, readable by pandas and DuckDB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+TASKS = ("mmlu", "arc_easy", "hellaswag")
+TASK_METRICS = ("accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "n_questions")
+
+METRIC_COLUMNS = tuple(f"{task}_{metric}" for task in TASKS for metric in TASK_METRICS)
+
+_TRIAL_FIELDS: list[pa.Field] = [
+    pa.field("schema_version", pa.int32()),
+    pa.field("run_name", pa.string()),
+    pa.field("trial_id", pa.string()),
+    pa.field("status", pa.string()),  # ok | failed
+    pa.field("error", pa.string()),
+    pa.field("family", pa.string()),
+    pa.field("model_source", pa.string()),
+    pa.field("model_location", pa.string()),
+    pa.field("n_params", pa.int64()),
+    pa.field("vocab_size", pa.int64()),
+    pa.field("hidden_size", pa.int64()),
+    pa.field("sft_dataset", pa.string()),
+    pa.field("learning_rate", pa.float64()),
+    pa.field("label_smoothing", pa.float64()),
+    pa.field("seed", pa.int64()),
+    pa.field("config_json", pa.string()),
+    pa.field("train_loss", pa.float64()),
+    pa.field("train_loss_first", pa.float64()),
+    pa.field("train_steps", pa.int64()),
+    pa.field("train_tokens", pa.int64()),
+    pa.field("tokens_per_s", pa.float64()),
+    pa.field("precision", pa.string()),
+    pa.field("device", pa.string()),
+    pa.field("world_size", pa.int64()),
+    pa.field("wall_load_s", pa.float64()),
+    pa.field("wall_train_s", pa.float64()),
+    pa.field("wall_eval_s", pa.float64()),
+    pa.field("wall_total_s", pa.float64()),
+    pa.field("started_at", pa.timestamp("us", tz="UTC")),
+    pa.field("finished_at", pa.timestamp("us", tz="UTC")),
+    pa.field("package_versions", pa.string()),  # JSON object: package -> version
+    pa.field("git_rev", pa.string()),
+    pa.field("hostname", pa.string()),
+] + [pa.field(name, pa.float64()) for name in METRIC_COLUMNS]
+
+TRIAL_SCHEMA = pa.schema(_TRIAL_FIELDS, metadata={"calsweep_schema_version": str(SCHEMA_VERSION)})
+
+QUESTION_SCHEMA = pa.schema([
+    pa.field("schema_version", pa.int32()),
+    pa.field("run_name", pa.string()),
+    pa.field("trial_id", pa.string()),
+    pa.field("task", pa.string()),
+    pa.field("question_id", pa.string()),
+    pa.field("subject", pa.string()),
+    pa.field("gold", pa.int32()),
+    pa.field("n_choices", pa.int32()),
+    pa.field("loglik", pa.list_(pa.float64())),
+    pa.field("loglik_norm", pa.list_(pa.float64())),
+    pa.field("confidence", pa.float64()),
+    pa.field("correct", pa.bool_()),
+], metadata={"calsweep_schema_version": str(SCHEMA_VERSION)})
+
+
+def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in root:
+        return pafs.FileSystem.from_uri(root)
+    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(root))
+
+
+def _atomic_write(table: pa.Table, root: str, table_name: str, file_stem: str) -> str:
+    """Write ``table`` to <root>/<table_name>/<file_stem>.parquet via a hidden temporary file and a move."""
+    fs, base = _filesystem(root)
+    directory = f"{base}/{table_name}"
+    fs.create_dir(directory, recursive=True)
+    final = f"{directory}/{file_stem}.parquet"
+    temporary = f"{directory}/.{file_stem}.{uuid.uuid4().hex}.tmp"
+    with fs.open_output_stream(temporary) as sink:
+        pq.write_table(table, sink)
+    fs.move(temporary, final)
+    return final
+
+
+def file_stem(run_name: str, trial_id: str) -> str:
+    return f"{run_name}__{trial_id}"
+
+
+def write_trial(root: str, row: dict[str, Any]) -> str:
+    """Write one trial row (missing columns become null; unknown keys are an error)."""
+    unknown = sorted(set(row) - set(TRIAL_SCHEMA.names))
+    if unknown:
+        raise ValueError(f"expected trial columns from TRIAL_SCHEMA, got unknown {unknown}")
+    full = {name: [row.get(name)] for name in TRIAL_SCHEMA.names}
+    full["schema_version"] = [SCHEMA_VERSION]
+    table = pa.Table.from_pydict(full, schema=TRIAL_SCHEMA)
+    return _atomic_write(table, root, "trials", file_stem(row["run_name"], row["trial_id"]))
+
+
+def write_questions(root: str, run_name: str, trial_id: str, records: pa.Table) -> str:
+    """Write a trial's per-question records (columns of QUESTION_SCHEMA less the run/trial keys)."""
+    n = records.num_rows
+    columns = {"schema_version": pa.array([SCHEMA_VERSION] * n, pa.int32()),
+               "run_name": pa.array([run_name] * n, pa.string()),
+               "trial_id": pa.array([trial_id] * n, pa.string())}
+    arrays = [columns[f.name] if f.name in columns else records.column(f.name).cast(f.type)
+              for f in QUESTION_SCHEMA]
+    table = pa.Table.from_arrays(arrays, schema=QUESTION_SCHEMA)
+    return _atomic_write(table, root, "questions", file_stem(run_name, trial_id))
+
+
+def _read(root: str, table_name: str, schema: pa.Schema, run_name: str | None) -> pa.Table:
+    fs, base = _filesystem(root)
+    directory = f"{base}/{table_name}"
+    if fs.get_file_info(directory).type == pafs.FileType.NotFound:
+        return schema.empty_table()
+    dataset = ds.dataset(directory, format="parquet", filesystem=fs, schema=schema,
+                         ignore_prefixes=[".", "_"])
+    table = dataset.to_table(filter=(ds.field("run_name") == run_name) if run_name else None)
+    return table
+
+
+def read_trials(root: str, run_name: str | None = None) -> pa.Table:
+    """All trial rows under ``root`` (optionally of one run)."""
+    return _read(root, "trials", TRIAL_SCHEMA, run_name)
+
+
+def read_questions(root: str, run_name: str | None = None) -> pa.Table:
+    """All per-question rows under ``root`` (optionally of one run)."""
+    return _read(root, "questions", QUESTION_SCHEMA, run_name)
+
+
+def finished_trial_ids(root: str, run_name: str) -> set[str]:
+    """Ids of the run's trials that finished with status ok (skipped on resume)."""
+    table = read_trials(root, run_name)
+    return {tid for tid, status in zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist())
+            if status == "ok"}
+
+
+def config_json(config: dict[str, Any]) -> str:
+    """The trial config as canonical JSON (sorted keys) for the ``config_json`` column."""
+    return json.dumps(config, sort_keys=True, default=str)

@@ -1,0 +1,246 @@
+"""Trial configuration: frozen dataclasses built from plain dicts (YAML), validated all at once.
+
+``build(cls, data, where)`` turns a mapping into ``cls``, recursing into nested dataclass fields; every
+problem (unknown key, bad value) is collected and reported together as one ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """One or more invalid config entries; the message lists each as 'where.key: expected X, got Y'."""
+
+
+@dataclass(frozen=True)
+class CustomModel:
+    """A random-init model built from an architecture config (no download), e.g. for tests."""
+
+    architecture: str = "llama"
+    tokenizer: str = "smollm2-135m"
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Instruction data: Alpaca format from the hub or a local JSON file under the data root."""
+
+    dataset: str = "alpaca"  # alpaca (hub tatsu-lab/alpaca or <data_dir>/alpaca/<local_file>)
+    hub_id: str = "tatsu-lab/alpaca"
+    local_file: str = "alpaca/alpaca_5000_pr152.json"
+    max_examples: int | None = None  # first N examples after a seeded shuffle; None = all
+    max_seq_len: int = 512
+    prompt_template: str = "auto"  # auto (chat template if the tokenizer has one) | chat | plain
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation: DeepSpeed engine settings and the schedule (AdamW, warmup then decay)."""
+
+    max_steps: int | None = None  # optimiser steps; None = run `epochs` epochs
+    epochs: float = 1.0
+    micro_batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
+    zero_stage: int = 2
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    warmup_ratio: float = 0.03
+    schedule: str = "cosine"  # cosine | linear | constant
+    max_grad_norm: float = 1.0
+    dropout: float | None = None  # sets the model's attention/hidden dropout when given
+    loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
+    log_every: int = 1
+    deepspeed: dict[str, Any] = field(default_factory=dict)  # merged last into the DeepSpeed config
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Calibration scoring after training."""
+
+    tasks: tuple[str, ...] = ("mmlu", "arc_easy", "hellaswag")
+    limit: int | None = None  # first K questions of each task; None = all
+    batch_size: int = 8
+    n_bins: int = 15
+
+
+KNOWN_TASKS = ("mmlu", "arc_easy", "hellaswag")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` fits a (simple) type annotation; ints are accepted for floats."""
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is tuple:
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict)
+    if dataclasses.is_dataclass(annotation):
+        return isinstance(value, dict)
+    return isinstance(value, annotation)
+
+
+def _convert(value: Any, annotation: Any, where: str, errors: list[str]) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if arg is not type(None) and value is not None and _type_ok(value, arg):
+                return _convert(value, arg, where, errors)
+        return value
+    if dataclasses.is_dataclass(annotation) and isinstance(value, dict):
+        return build(annotation, value, where, errors)
+    if origin is tuple:
+        return tuple(value)
+    if annotation is float:
+        return float(value)
+    return value
+
+
+def build(cls: type, data: dict[str, Any] | None, where: str, errors: list[str] | None = None) -> Any:
+    """Build dataclass ``cls`` from ``data``; collect problems into ``errors`` (raise if we own the list)."""
+    own = errors is None
+    errors = [] if errors is None else errors
+    data = data or {}
+    if not isinstance(data, dict):
+        errors.append(f"{where}: expected a mapping, got {type(data).__name__} {data!r}")
+        data = {}
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            errors.append(f"{where}.{key}: unknown key; expected one of {sorted(names)}")
+            continue
+        if not _type_ok(value, hints[key]):
+            errors.append(f"{where}.{key}: expected {_describe(hints[key])}, got {value!r}")
+            continue
+        kwargs[key] = _convert(value, hints[key], f"{where}.{key}", errors)
+    instance = cls(**kwargs)
+    check = getattr(instance, "_problems", None) or _CHECKS.get(cls)
+    if check is not None:
+        errors.extend(f"{where}.{p}" for p in check(instance))
+    if own and errors:
+        raise ConfigError("; ".join(errors))
+    return instance
+
+
+def _describe(annotation: Any) -> str:
+    text = str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", text) if "[" not in text and "|" not in text else text
+
+
+def _positive(name: str, value: float | int | None, allow_none: bool = False) -> list[str]:
+    if value is None and allow_none:
+        return []
+    if value is None or not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
+        return [f"{name}: expected a number > 0, got {value!r}"]
+    return []
+
+
+def _check_train(c: TrainConfig) -> list[str]:
+    problems = _positive("max_steps", c.max_steps, allow_none=True) + _positive("epochs", c.epochs)
+    problems += _positive("micro_batch_size", c.micro_batch_size)
+    problems += _positive("gradient_accumulation_steps", c.gradient_accumulation_steps)
+    if c.precision not in PRECISIONS:
+        problems.append(f"precision: expected one of {list(PRECISIONS)}, got {c.precision!r}")
+    if c.zero_stage not in (0, 1, 2, 3):
+        problems.append(f"zero_stage: expected 0, 1, 2 or 3, got {c.zero_stage!r}")
+    if c.schedule not in SCHEDULES:
+        problems.append(f"schedule: expected one of {list(SCHEDULES)}, got {c.schedule!r}")
+    if not 0 <= c.warmup_ratio < 1:
+        problems.append(f"warmup_ratio: expected a number in [0, 1), got {c.warmup_ratio!r}")
+    if c.dropout is not None and not 0 <= c.dropout < 1:
+        problems.append(f"dropout: expected a number in [0, 1) or null, got {c.dropout!r}")
+    if c.loss_impl not in ("fused", "torch"):
+        problems.append(f"loss_impl: expected 'fused' or 'torch', got {c.loss_impl!r}")
+    if len(c.adam_betas) != 2:
+        problems.append(f"adam_betas: expected two numbers, got {list(c.adam_betas)!r}")
+    return problems
+
+
+def _check_sft(c: SFTConfig) -> list[str]:
+    problems = _positive("max_seq_len", c.max_seq_len) + _positive("max_examples", c.max_examples, allow_none=True)
+    if c.dataset != "alpaca":
+        problems.append(f"dataset: expected 'alpaca', got {c.dataset!r}")
+    if c.prompt_template not in ("auto", "chat", "plain"):
+        problems.append(f"prompt_template: expected 'auto', 'chat' or 'plain', got {c.prompt_template!r}")
+    return problems
+
+
+def _check_eval(c: EvalConfig) -> list[str]:
+    problems = _positive("limit", c.limit, allow_none=True) + _positive("batch_size", c.batch_size)
+    problems += _positive("n_bins", c.n_bins)
+    unknown = [t for t in c.tasks if t not in KNOWN_TASKS]
+    if unknown:
+        problems.append(f"tasks: expected a subset of {list(KNOWN_TASKS)}, got {unknown!r}")
+    return problems
+
+
+_CHECKS = {TrainConfig: _check_train, SFTConfig: _check_sft, EvalConfig: _check_eval}
+
+
+def check_label_smoothing(value: Any) -> list[str]:
+    """Problems with a label-smoothing value: it must be a number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        return [f"expected a label smoothing beta in [0, 1), got {value!r}"]
+    return []
+
+
+def check_learning_rate(value: Any) -> list[str]:
+    """Problems with a learning rate: it must be a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        return [f"expected a learning rate > 0, got {value!r}"]
+    return []
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """Everything one trial needs; travels to Ray workers as a plain dict (``to_dict``/``from_dict``)."""
+
+    run_name: str
+    trial_id: str
+    family: str
+    learning_rate: float
+    label_smoothing: float
+    seed: int = 0
+    data_dir: str | None = None
+    results_dir: str = "results"
+    custom_models: dict[str, CustomModel] = field(default_factory=dict)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialConfig":
+        data = dict(data)
+        data["custom_models"] = {name: CustomModel(**spec) if isinstance(spec, dict) else spec
+                                 for name, spec in data.get("custom_models", {}).items()}
+        return build(cls, data, "trial")
+
+    def custom_specs(self):
+        """The config's random-init models as registry ``ModelSpec``s."""
+        from trainable.models import ModelSpec
+
+        return {name: ModelSpec(name, "random_init", m.architecture, tokenizer=m.tokenizer,
+                                architecture_config=dict(m.config)) for name, m in self.custom_models.items()}

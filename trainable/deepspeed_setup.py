@@ -1,0 +1,91 @@
+"""DeepSpeed engine from a ``TrainConfig``: ZeRO stage, precision, micro-batch, accumulation, AdamW, schedule.
+
+The learning-rate schedule is linear warmup over ``warmup_ratio * total_steps`` then cosine or linear decay
+to 0 (or constant), as a ``LambdaLR`` handed to DeepSpeed so it steps with the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from trainable.config import TrainConfig
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """'auto' means bf16 on CUDA and fp32 elsewhere."""
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
+def deepspeed_config(train: TrainConfig, learning_rate: float, precision: str, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed JSON config; ``train.deepspeed`` entries are merged in last (researcher overrides)."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.gradient_accumulation_steps,
+        "train_batch_size": train.micro_batch_size * train.gradient_accumulation_steps * world_size,
+        "gradient_clipping": train.max_grad_norm,
+        "zero_optimization": {"stage": train.zero_stage},
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"},
+        # torch_adam: plain torch.optim.AdamW, no JIT-built op (works on CPU and avoids the sm_90a op-builder pitfall)
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": learning_rate, "betas": list(train.adam_betas), "eps": train.adam_eps,
+            "weight_decay": train.weight_decay, "torch_adam": True}},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    return _merge(config, train.deepspeed)
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
+
+
+def lr_lambda(schedule: str, total_steps: int, warmup_steps: int):
+    """Multiplier of the peak lr at step s: s/warmup during warmup, then cosine/linear decay to 0, or 1."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+    return factor
+
+
+def sanitize_cuda_arch_list() -> None:
+    """DeepSpeed's op builder rejects arch suffixes such as '9.0a' in TORCH_CUDA_ARCH_LIST; keep the numbers."""
+    value = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if value:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(part.rstrip("a") for part in value.replace(" ", ";").split(";")
+                                                      if part)
+
+
+def build_engine(module: torch.nn.Module, train: TrainConfig, learning_rate: float, total_steps: int,
+                 device: torch.device, world_size: int):
+    """(engine, precision) for ``module``; torch.distributed must already be initialised (Ray Train does it)."""
+    sanitize_cuda_arch_list()
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    precision = resolve_precision(train.precision, device)
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    warmup = int(train.warmup_ratio * total_steps)
+    engine, _, _, _ = deepspeed.initialize(
+        model=module,
+        model_parameters=[p for p in module.parameters() if p.requires_grad],
+        config=deepspeed_config(train, learning_rate, precision, world_size),
+        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(train.schedule, total_steps, warmup)),
+    )
+    return engine, precision

@@ -1,0 +1,69 @@
+"""The causal LM's output layer with the label-smoothed loss fused in.
+
+``FusedLMHead`` replaces ``model.lm_head`` and keeps its weight Parameter (so tied embeddings stay tied).
+Called with hidden states only it returns logits, as the original head did (evaluation, generation);
+called with ``targets`` it returns ``kernels.linear_cross_entropy(hidden, weight, targets, ...)`` and never
+forms the logits. Because the loss is computed inside this module's forward, DeepSpeed ZeRO-3 gathers the
+partitioned weight with its usual module hooks, in the forward and again in the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+
+IGNORE_INDEX = -100
+
+
+class FusedLMHead(nn.Module):
+    """logits = hidden @ W^T (optionally softcapped); with targets: the fused label-smoothed loss."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None = None, softcap: float | None = None):
+        super().__init__()
+        if bias is not None:
+            raise ValueError("expected an lm_head without bias (the fused loss has no bias term), got a bias")
+        self.weight = weight
+        self.softcap = softcap
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, *, label_smoothing: float = 0.0,
+                loss_impl: str = "fused") -> torch.Tensor:
+        if targets is None:
+            logits = F.linear(hidden, self.weight)
+            return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
+        if loss_impl == "fused":
+            return kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
+                                                ignore_index=IGNORE_INDEX, softcap=self.softcap)
+        logits = self.forward(hidden).float()
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), label_smoothing=label_smoothing,
+                               ignore_index=IGNORE_INDEX)
+
+
+def install_fused_head(model: nn.Module) -> FusedLMHead:
+    """Swap the model's output embedding for a ``FusedLMHead`` sharing its weight; return the new head."""
+    old = model.get_output_embeddings()
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head = FusedLMHead(old.weight, getattr(old, "bias", None), getattr(config, "final_logit_softcapping", None))
+    model.set_output_embeddings(head)
+    return head
+
+
+class CausalLMWithFusedLoss(nn.Module):
+    """Wraps a HF causal LM: forward(batch) -> mean label-smoothed loss over response tokens.
+
+    targets[t] = labels[t + 1] (next-token prediction); the last position and prompt/padding are ignored.
+    """
+
+    def __init__(self, model: nn.Module, label_smoothing: float, loss_impl: str = "fused"):
+        super().__init__()
+        self.model = model
+        self.head = install_fused_head(model)
+        self.label_smoothing = label_smoothing
+        self.loss_impl = loss_impl
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
+        return self.head(hidden, targets, label_smoothing=self.label_smoothing, loss_impl=self.loss_impl)

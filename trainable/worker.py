@@ -1,0 +1,131 @@
+"""One trial on one Ray Train worker: seeded SFT through DeepSpeed, then calibration scoring.
+
+``train_fn_per_worker(config)`` is what ``ray.train.torch.TorchTrainer`` runs on every worker. It reports
+training metrics every ``log_every`` steps and, at the end, the per-task calibration metrics (names
+``{task}_{metric}``) with model facts and wall times; rank 0 writes the per-question records.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainable.config import TrialConfig
+from trainable.lm_head import CausalLMWithFusedLoss
+from trainable.models import load_model, load_tokenizer, model_facts, resolve_model
+from trainable.sft_data import build_sft_examples, iterate_batches, steps_per_epoch
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the trial stops early with this status."""
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) RNGs: data order, new weights, dropout."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def _report(metrics: dict[str, Any]) -> None:
+    import ray.train
+
+    ray.train.report(metrics)
+
+
+def _dropout_overrides(dropout: float | None) -> dict[str, float]:
+    return {} if dropout is None else {"attention_dropout": dropout}
+
+
+def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: int) -> dict[str, Any]:
+    """Train and score one configuration; returns the final metrics (also reported to Ray)."""
+    from calibration.evaluate import evaluate_model
+    from sweeps.store import write_questions
+
+    started = time.time()
+    seed_everything(trial.seed)
+    spec = resolve_model(trial.family, trial.custom_specs())
+    tokenizer = load_tokenizer(spec, trial.custom_specs())
+    model = load_model(spec, seed=trial.seed, **_dropout_overrides(trial.train.dropout))
+    facts = model_facts(model)
+    examples = build_sft_examples(trial.sft, tokenizer, trial.seed, trial.data_dir)
+    if not examples:
+        raise ValueError(f"expected at least one SFT example with response tokens, got 0 "
+                         f"(max_examples={trial.sft.max_examples}, max_seq_len={trial.sft.max_seq_len})")
+    per_epoch = steps_per_epoch(len(examples), trial.train.micro_batch_size,
+                                trial.train.gradient_accumulation_steps, world_size)
+    total_steps = trial.train.max_steps or max(1, math.ceil(trial.train.epochs * per_epoch))
+    wrapped = CausalLMWithFusedLoss(model, trial.label_smoothing, trial.train.loss_impl)
+
+    from trainable.deepspeed_setup import build_engine
+
+    engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
+    load_s = time.time() - started
+
+    engine.train()
+    batches = iterate_batches(examples, trial.train.micro_batch_size, tokenizer.pad_token_id, trial.seed,
+                              rank, world_size)
+    train_started = time.time()
+    tokens = 0
+    losses: list[float] = []
+    for step in range(1, total_steps + 1):
+        step_loss = 0.0
+        for _ in range(trial.train.gradient_accumulation_steps):
+            batch = {k: v.to(device) for k, v in next(batches).items()}
+            loss = engine(**batch)
+            engine.backward(loss)
+            engine.step()
+            step_loss += loss.item() / trial.train.gradient_accumulation_steps
+            tokens += int(batch["attention_mask"].sum())
+        if not math.isfinite(step_loss):
+            raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
+                                     f"expected a finite loss (lower the learning rate {trial.learning_rate})")
+        losses.append(step_loss)
+        if step % trial.train.log_every == 0 or step == total_steps:
+            elapsed = time.time() - train_started
+            _report({"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
+                     "lr": engine.get_lr()[0], "tokens_per_s": tokens * world_size / max(elapsed, 1e-9)})
+    train_s = time.time() - train_started
+
+    eval_started = time.time()
+    engine.eval()
+    result = evaluate_model(model, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
+                            limit=trial.eval.limit, batch_size=trial.eval.batch_size, n_bins=trial.eval.n_bins,
+                            progress=rank == 0)
+    eval_s = time.time() - eval_started
+    if rank == 0:
+        write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
+
+    final: dict[str, Any] = {
+        "phase": "done", "step": total_steps, "total_steps": total_steps,
+        "train_loss": losses[-1], "train_loss_first": losses[0], "train_steps": total_steps,
+        "train_tokens": tokens * world_size, "tokens_per_s": tokens * world_size / max(train_s, 1e-9),
+        "precision": precision, "device": str(device.type), "world_size": world_size,
+        **{f"model_{k}": v for k, v in facts.items()},
+        "model_source": spec.source, "model_location": spec.location,
+        "wall_load_s": load_s, "wall_train_s": train_s, "wall_eval_s": eval_s,
+        "wall_total_s": time.time() - started,
+    }
+    for task, metrics in result.summary.items():
+        final.update({f"{task}_{name}": float(value) for name, value in metrics.items()})
+    _report(final)
+    return final
+
+
+def train_fn_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train entry point: rebuild the ``TrialConfig`` and run it on this worker's device."""
+    import ray.train
+    import ray.train.torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    context = ray.train.get_context()
+    trial = TrialConfig.from_dict(config)
+    run_trial(trial, ray.train.torch.get_device(), context.get_world_rank(), context.get_world_size())
