@@ -1,0 +1,81 @@
+"""The per-question records table: its schema (defined here only), construction and Parquet round trip.
+
+One row per scored question. ``loglik`` holds the summed log-likelihood of every choice, ``loglik_norm``
+the same divided by the choice's character length (lm-eval's ``acc_norm``), so every metric, binning and
+temperature can be recomputed later without the model. ``confidence``/``correct`` are at temperature 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from calibration.probabilities import choice_probs, pad, top_label
+from calibration.prompts import Prompt
+from calibration.tasks import Question
+
+SCHEMA_VERSION = 1
+SCHEMA = pa.schema([
+    ("task", pa.string()),
+    ("split", pa.string()),
+    ("question_id", pa.string()),
+    ("subject", pa.string()),
+    ("gold", pa.int32()),
+    ("n_choices", pa.int32()),
+    ("loglik", pa.list_(pa.float64())),
+    ("loglik_norm", pa.list_(pa.float64())),
+    ("confidence", pa.float64()),
+    ("correct", pa.bool_()),
+])
+
+
+def build_records(task: str, split: str, questions: Sequence[Question], prompts: Sequence[Prompt],
+                  loglik: Sequence[np.ndarray]) -> pa.Table:
+    """The records of one task and split from its questions, prompts and scored log-likelihoods."""
+    norm = [np.asarray(ll) / np.asarray(p.choice_lengths, dtype=np.float64) for ll, p in zip(loglik, prompts)]
+    gold = np.array([q.gold for q in questions], dtype=np.int64)
+    confidence, correct = top_label(choice_probs(pad(loglik)), gold) if questions else (np.zeros(0), np.zeros(0))
+    return pa.table({
+        "task": [task] * len(questions),
+        "split": [split] * len(questions),
+        "question_id": [q.question_id for q in questions],
+        "subject": [q.subject for q in questions],
+        "gold": gold.astype(np.int32),
+        "n_choices": np.array([len(q.choices) for q in questions], dtype=np.int32),
+        "loglik": [list(map(float, ll)) for ll in loglik],
+        "loglik_norm": [list(map(float, ll)) for ll in norm],
+        "confidence": np.asarray(confidence, dtype=np.float64),
+        "correct": np.asarray(correct, dtype=bool),
+    }, schema=SCHEMA)
+
+
+def write_records(table: pa.Table, path: str | Path, metadata: dict[str, Any]) -> None:
+    """Parquet with ``metadata`` (run config, git revision) and the schema version in the file's metadata."""
+    meta = {b"calsweep.schema_version": str(SCHEMA_VERSION).encode(),
+            b"calsweep.metadata": json.dumps(metadata, sort_keys=True).encode()}
+    pq.write_table(table.replace_schema_metadata(meta), path)
+
+
+def read_records(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
+    """The records table and its metadata; a file of another schema version is an error."""
+    table = pq.read_table(path)
+    meta = table.schema.metadata or {}
+    version = meta.get(b"calsweep.schema_version", b"?").decode()
+    if version != str(SCHEMA_VERSION):
+        raise ValueError(f"expected records schema version {SCHEMA_VERSION} in {path}, got {version}")
+    return table.cast(SCHEMA), json.loads(meta.get(b"calsweep.metadata", b"{}"))
+
+
+def task_arrays(table: pa.Table, task: str, split: str | None = None) -> dict[str, np.ndarray]:
+    """NaN-padded ``loglik``/``loglik_norm`` (N, K) and ``gold`` (N,) of one task (and split) of a records table."""
+    rows = [r for r in table.select(["task", "split", "gold", "loglik", "loglik_norm"]).to_pylist()
+            if r["task"] == task and (split is None or r["split"] == split)]
+    if not rows:
+        raise ValueError(f"expected records of task {task!r}" + (f" split {split!r}" if split else "") + ", got none")
+    return {"loglik": pad([r["loglik"] for r in rows]), "loglik_norm": pad([r["loglik_norm"] for r in rows]),
+            "gold": np.array([r["gold"] for r in rows], dtype=np.int64)}

@@ -1,0 +1,81 @@
+"""Per-task metric summaries of a records table, at temperature 1 and (optionally) a fitted temperature.
+
+``task_metrics`` is the single definition of what a summary holds; both CLIs and ``evaluate_model`` use it.
+The choice distribution comes from ``loglik`` (or ``loglik_norm`` with ``score="loglik_norm"``);
+``accuracy_norm`` is always lm-eval's ``acc_norm`` (argmax of ``loglik_norm``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from calibration import metrics
+from calibration.bootstrap import Interval, bootstrap_many
+from calibration.probabilities import choice_probs, top_label
+from calibration.records import task_arrays
+from calibration.temperature import fit_temperature
+
+SCORES = ("loglik", "loglik_norm")
+
+
+def task_metrics(loglik: np.ndarray, loglik_norm: np.ndarray, gold: np.ndarray, *, n_bins: int = 15,
+                 temperature: float = 1.0) -> dict[str, float]:
+    """accuracy, accuracy_norm, ece, rms_ce, mce, ace, sce, brier, nll, n_questions of p = softmax(loglik / T)."""
+    probs = choice_probs(loglik, temperature)
+    confidence, correct = top_label(probs, gold)
+    _, correct_norm = top_label(choice_probs(loglik_norm), gold)
+    return {
+        "accuracy": metrics.accuracy(correct),
+        "accuracy_norm": metrics.accuracy(correct_norm),
+        "ece": metrics.expected_calibration_error(confidence, correct, n_bins),
+        "rms_ce": metrics.rms_calibration_error(confidence, correct, n_bins),
+        "mce": metrics.max_calibration_error(confidence, correct, n_bins),
+        "ace": metrics.adaptive_calibration_error(confidence, correct, n_bins),
+        "sce": metrics.static_calibration_error(probs, gold, n_bins),
+        "brier": metrics.brier_score(probs, gold),
+        "nll": metrics.negative_log_likelihood(probs, gold),
+        "mean_confidence": float(np.mean(confidence)),
+        "n_questions": float(len(gold)),
+    }
+
+
+def summarize(records: pa.Table, *, split_of: dict[str, str], n_bins: int = 15, score: str = "loglik",
+              temperatures: dict[str, float] | None = None, n_boot: int = 0, seed: int = 0
+              ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, Interval]]]:
+    """``({task: metrics}, {task: bootstrap intervals})`` for each task on its reported split.
+
+    With ``temperatures[task]`` the metrics are also reported after scaling, with the suffix ``_ts``, and
+    ``temperature`` holds T. Intervals are computed only with ``n_boot > 0``.
+    """
+    if score not in SCORES:
+        raise ValueError(f"expected score in {SCORES}, got {score!r}")
+    summary, intervals = {}, {}
+    for task, split in split_of.items():
+        arrays = task_arrays(records, task, split)
+        scored = arrays[score]
+
+        def statistics(ll: np.ndarray, norm: np.ndarray, gold: np.ndarray, task: str = task) -> dict[str, float]:
+            out = task_metrics(ll, norm, gold, n_bins=n_bins)
+            if temperatures and task in temperatures:
+                scaled = task_metrics(ll, norm, gold, n_bins=n_bins, temperature=temperatures[task])
+                out |= {f"{name}_ts": value for name, value in scaled.items()
+                        if name not in ("accuracy_norm", "n_questions")}
+            return out
+
+        summary[task] = statistics(scored, arrays["loglik_norm"], arrays["gold"])
+        if temperatures and task in temperatures:
+            summary[task]["temperature"] = temperatures[task]
+        if n_boot > 0:
+            intervals[task] = bootstrap_many(statistics, scored, arrays["loglik_norm"], arrays["gold"],
+                                             n_boot=n_boot, seed=seed)
+    return summary, intervals
+
+
+def fit_temperatures(records: pa.Table, *, fit_split_of: dict[str, str], score: str = "loglik") -> dict[str, float]:
+    """T per task, fitted on the records of its held-out split."""
+    fitted = {}
+    for task, split in fit_split_of.items():
+        arrays = task_arrays(records, task, split)
+        fitted[task] = fit_temperature(arrays[score], arrays["gold"])
+    return fitted
