@@ -9,6 +9,7 @@ and ``reliability_<task>.png``; ``python -m calibration.rescore DIR`` recomputes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import time
@@ -67,9 +68,9 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig]
     temperatures = fit_temperatures(records, fit_split_of=fit_split_of) if fit_split_of else None
     summary, intervals = summarize(records, split_of=split_of, n_bins=n_bins, temperatures=temperatures,
                                    n_boot=n_boot)
-    run_config = {"tasks": [c.__dict__ for c in configs], "limit": limit, "batch_size": batch_size,
-                  "heldout": heldout, "n_bins": n_bins, "share_prefix": share_prefix,
-                  "schema_version": SCHEMA_VERSION, "git_revision": git_revision()}
+    run_config = {"tasks": [dataclasses.asdict(c) for c in configs], "report_splits": split_of,
+                  "fit_splits": fit_split_of, "limit": limit, "batch_size": batch_size, "n_bins": n_bins,
+                  "share_prefix": share_prefix, "schema_version": SCHEMA_VERSION, "git_revision": git_revision()}
     return EvalResult(summary, records, intervals, run_config)
 
 
@@ -84,3 +85,81 @@ def git_revision() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")
+
+
+def apply_overrides(configs: list[TaskConfig], overrides: Sequence[str]) -> list[TaskConfig]:
+    """``TASK.FIELD=VALUE`` edits (``k_shot`` int, ``subjects`` comma list, ``none`` for None); all errors at once."""
+    by_name = {c.name: c for c in configs}
+    fields = {f.name for f in dataclasses.fields(TaskConfig)} - {"name", "dataset", "prompt_format"}
+    edits: dict[str, dict[str, Any]] = {}
+    problems = []
+    for item in overrides:
+        target, _, value = item.partition("=")
+        task, _, name = target.partition(".")
+        if not _ or task not in by_name or name not in fields:
+            problems.append(f"TASK.FIELD=VALUE with TASK in {sorted(by_name)} and FIELD in {sorted(fields)}, "
+                            f"got {item!r}")
+            continue
+        if value.lower() == "none":
+            parsed: Any = None
+        elif name == "k_shot":
+            parsed = int(value) if value.isdigit() else problems.append(f"an integer k_shot, got {item!r}")
+        elif name == "subjects":
+            parsed = tuple(s for s in value.split(",") if s)
+        else:
+            parsed = value
+        edits.setdefault(task, {})[name] = parsed
+    if problems:
+        raise ValueError("expected " + "; expected ".join(problems))
+    return [dataclasses.replace(c, **edits.get(c.name, {})) for c in configs]
+
+
+def main(argv: Sequence[str] | None = None) -> EvalResult:
+    import torch
+
+    from calibration.records import write_records
+    from calibration.report import format_table, write_diagrams, write_summary
+    from trainable.models import load_pretrained
+
+    parser = argparse.ArgumentParser(prog="python -m calibration.evaluate", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="registry name (smollm2-135m, gemma3-270m), hub id or path")
+    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma list, e.g. mmlu,arc_easy,hellaswag")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TASK.FIELD=VALUE",
+                        help="edit a task: k_shot, split, fewshot_split, fit_split, subjects (repeatable)")
+    parser.add_argument("--limit", type=int, default=None, help="first N questions of each task and split")
+    parser.add_argument("--out", default=None, help="output directory (default results/eval/<model>)")
+    parser.add_argument("--data-dir", default=None, help="local data root (default $CALSWEEP_DATA_DIR, else hub)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                        help="default bfloat16 on GPU, float32 on CPU")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--n-bins", type=int, default=15)
+    parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for intervals (0: none)")
+    parser.add_argument("--no-heldout", action="store_true", help="skip the held-out split and temperature scaling")
+    parser.add_argument("--no-share-prefix", action="store_true", help="recompute the k-shot prefix per question")
+    args = parser.parse_args(argv)
+
+    configs = apply_overrides([resolve_task(t) for t in args.tasks.split(",") if t], args.overrides)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32"))
+    model, tokenizer = load_pretrained(args.model, dtype=dtype, device=args.device)
+    started = time.time()
+    result = evaluate_model(model, tokenizer, configs, data_dir=args.data_dir, limit=args.limit,
+                            batch_size=args.batch_size, heldout=not args.no_heldout, n_bins=args.n_bins,
+                            n_boot=args.n_boot, share_prefix=not args.no_share_prefix)
+    out = Path(args.out or Path("results") / "eval" / Path(args.model).name)
+    out.mkdir(parents=True, exist_ok=True)
+    temperatures = {t: s["temperature"] for t, s in result.summary.items() if "temperature" in s}
+    metadata = {**result.config, "model": args.model, "device": str(args.device), "dtype": str(dtype),
+                "seconds": round(time.time() - started, 1), "date": time.strftime("%Y-%m-%d")}
+    write_records(result.records, out / "records.parquet", metadata)
+    write_summary(out / "summary.json", result.summary, result.intervals,
+                  {**metadata, "score": "loglik", "temperatures": temperatures, "n_boot": args.n_boot})
+    write_diagrams(out, result.records, split_of=result.config["report_splits"], n_bins=args.n_bins,
+                   temperatures=temperatures, label=Path(args.model).name)
+    print(format_table(result.summary, result.intervals))
+    print(f"wrote {out}/records.parquet, summary.json, reliability_*.png")
+    return result
+
+
+if __name__ == "__main__":
+    main()
