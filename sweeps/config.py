@@ -25,7 +25,7 @@ class ResourcesConfig:
     """How trials map onto the cluster. ``null`` means decide from the cluster and the model."""
 
     workers_per_trial: int = 1
-    cpus_per_worker: int | None = None  # null: the machine's CPUs / max_concurrent_trials (local), else 4
+    cpus_per_worker: float | None = None  # null: the cluster's CPUs shared among concurrent trials' workers
     gpus_per_worker: int | None = None  # null: 1 when the cluster has GPUs, else 0
     max_concurrent_trials: int | None = None  # null: GPUs // gpus per trial (at least 1)
     max_failures: int = 1  # Ray Train retries of a crashed trial before it is recorded as failed

@@ -61,6 +61,13 @@ def scaling_config(sweep: SweepConfig):
                          resources_per_worker={"CPU": resources.cpus_per_worker or 1, **({"GPU": gpus} if gpus else {})})
 
 
+def worker_env(sweep: SweepConfig) -> dict[str, str]:
+    """Environment of the trial's workers: our and the data/model libraries' settings, and CPU threads."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(("CALSWEEP_", "DS_", "HF_", "TRITON_"))}
+    env["OMP_NUM_THREADS"] = str(max(1, round(sweep.resources.cpus_per_worker or 1)))
+    return env
+
+
 def trial_driver(params: dict[str, Any]) -> None:
     """Run one grid point as a TorchTrainer; record ok/failed in the store; re-raise failures for Tune."""
     import ray.tune
@@ -85,8 +92,7 @@ def trial_driver(params: dict[str, Any]) -> None:
             storage_path=params["storage_path"],
             failure_config=FailureConfig(max_failures=sweep.resources.max_failures),
             callbacks=[TuneReportCallback()],
-            worker_runtime_env={"env_vars": {k: v for k, v in os.environ.items()
-                                             if k.startswith(("CALSWEEP_", "DS_", "HF_"))}},
+            worker_runtime_env={"env_vars": worker_env(sweep)},
         ),
     )
     try:

@@ -21,9 +21,13 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from calibration import records as calibration_records
+
 SCHEMA_VERSION = 1
 TASKS = ("mmlu", "arc_easy", "hellaswag")
-TASK_METRICS = ("accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "n_questions")
+_SCALED = ("accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "mean_confidence")
+# calibration.summary.task_metrics names; *_ts: after temperature scaling fitted on the held-out split
+TASK_METRICS = _SCALED + ("accuracy_norm", "n_questions", "temperature") + tuple(f"{m}_ts" for m in _SCALED)
 
 METRIC_COLUMNS = tuple(f"{task}_{metric}" for task in TASKS for metric in TASK_METRICS)
 
@@ -69,15 +73,7 @@ QUESTION_SCHEMA = pa.schema([
     pa.field("schema_version", pa.int32()),
     pa.field("run_name", pa.string()),
     pa.field("trial_id", pa.string()),
-    pa.field("task", pa.string()),
-    pa.field("question_id", pa.string()),
-    pa.field("subject", pa.string()),
-    pa.field("gold", pa.int32()),
-    pa.field("n_choices", pa.int32()),
-    pa.field("loglik", pa.list_(pa.float64())),
-    pa.field("loglik_norm", pa.list_(pa.float64())),
-    pa.field("confidence", pa.float64()),
-    pa.field("correct", pa.bool_()),
+    *calibration_records.SCHEMA,  # task, split, question_id, subject, gold, n_choices, loglik, ..., correct
 ], metadata={"calsweep_schema_version": str(SCHEMA_VERSION)})
 
 
@@ -116,7 +112,7 @@ def write_trial(root: str, row: dict[str, Any]) -> str:
 
 
 def write_questions(root: str, run_name: str, trial_id: str, records: pa.Table) -> str:
-    """Write a trial's per-question records (columns of QUESTION_SCHEMA less the run/trial keys)."""
+    """Write a trial's per-question records (``calibration.records.SCHEMA``) keyed by run and trial."""
     n = records.num_rows
     columns = {"schema_version": pa.array([SCHEMA_VERSION] * n, pa.int32()),
                "run_name": pa.array([run_name] * n, pa.string()),

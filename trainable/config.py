@@ -69,6 +69,7 @@ class EvalConfig:
     limit: int | None = None  # first K questions of each task; None = all
     batch_size: int = 8
     n_bins: int = 15
+    temperature_scaling: bool = False  # also score each task's held-out split, fit T there, report *_ts metrics
 
 
 KNOWN_TASKS = ("mmlu", "arc_easy", "hellaswag")

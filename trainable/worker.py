@@ -7,11 +7,14 @@ training metrics every ``log_every`` steps and, at the end, the per-task calibra
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import tempfile
 import random
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -34,18 +37,16 @@ def seed_everything(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
 
 
-def _report(metrics: dict[str, Any]) -> None:
-    import ray.train
-
-    ray.train.report(metrics)
-
-
 def _dropout_overrides(dropout: float | None) -> dict[str, float]:
     return {} if dropout is None else {"attention_dropout": dropout}
 
 
-def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: int) -> dict[str, Any]:
-    """Train and score one configuration; returns the final metrics (also reported to Ray)."""
+def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
+              report: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Train and score one configuration; ``report`` receives progress and final metrics, which are returned.
+
+    torch.distributed must be initialised (Ray Train does it; tests use a one-rank gloo group).
+    """
     from calibration.evaluate import evaluate_model
     from sweeps.store import write_questions
 
@@ -90,7 +91,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         losses.append(step_loss)
         if step % trial.train.log_every == 0 or step == total_steps:
             elapsed = time.time() - train_started
-            _report({"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
+            report({"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
                      "lr": engine.get_lr()[0], "tokens_per_s": tokens * world_size / max(elapsed, 1e-9)})
     train_s = time.time() - train_started
 
@@ -98,7 +99,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     engine.eval()
     result = evaluate_model(model, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
                             limit=trial.eval.limit, batch_size=trial.eval.batch_size, n_bins=trial.eval.n_bins,
-                            progress=rank == 0)
+                            heldout=trial.eval.temperature_scaling, progress=rank == 0)
     eval_s = time.time() - eval_started
     if rank == 0:
         write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
@@ -115,7 +116,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     }
     for task, metrics in result.summary.items():
         final.update({f"{task}_{name}": float(value) for name, value in metrics.items()})
-    _report(final)
+    report(final)
     return final
 
 
@@ -128,4 +129,14 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     context = ray.train.get_context()
     trial = TrialConfig.from_dict(config)
-    run_trial(trial, ray.train.torch.get_device(), context.get_world_rank(), context.get_world_size())
+    rank = context.get_world_rank()
+
+    def report(metrics: dict[str, Any]) -> None:
+        if metrics.get("phase") != "done" or rank != 0:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory() as directory:  # the final metrics travel with a checkpoint, which
+            Path(directory, "final_metrics.json").write_text(json.dumps(metrics))  # is what Result.metrics keeps
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+    run_trial(trial, ray.train.torch.get_device(), rank, context.get_world_size(), report)

@@ -1,0 +1,157 @@
+"""Run a label-smoothing calibration sweep: ``python sweeps/launch.py [--config FILE] [--address auto]``.
+
+With no arguments it runs the packaged default sweep (sweeps/configs/default.yaml) on this machine, Ray
+started in-process; ``--address auto`` (or $RAY_ADDRESS) joins a running cluster instead. Each grid point
+(family x learning rate x beta) is one Ray Tune trial driving a Ray Train TorchTrainer with DeepSpeed;
+results go to the Parquet store under ``results_dir`` and a summary table is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository's packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from calibration.datasource import DataSourceError, resolve_data_dir  # noqa: E402
+from sweeps import store  # noqa: E402
+from sweeps.config import ConfigError, SweepConfig, load_sweep  # noqa: E402
+
+
+DRIVER_CPUS = 0.01  # a trial's Tune function only waits on its TorchTrainer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python sweeps/launch.py",
+        description="Run a grid of SFT trials (model family x learning rate x label smoothing beta) with Ray Tune; "
+                    "each trial trains with DeepSpeed and the fused label-smoothed loss, then scores calibration "
+                    "(accuracy, ECE, RMS calibration error) on MMLU, ARC-Easy and HellaSwag.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", default=None,
+                        help="sweep YAML (default: the packaged sweeps/configs/default.yaml: 2 PyPI models x 1 lr x "
+                             "beta {0, 0.1})")
+    parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
+                        help="Ray cluster to join ('auto' for the local cluster started by `ray start`/`ray up`); "
+                             "default: $RAY_ADDRESS, else start Ray in this process")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="start the Ray dashboard with the local Ray instance (a cluster has its own)")
+    parser.add_argument("--name", default=None, help="run name (overrides the config's `name`)")
+    parser.add_argument("--results-dir", default=None, help="results store root (overrides `results_dir`)")
+    parser.add_argument("--data-dir", default=None,
+                        help="local data root (overrides `data_dir`; default $CALSWEEP_DATA_DIR, else the hub)")
+    parser.add_argument("--dry-run", action="store_true", help="validate the config, list the trials and exit")
+    return parser.parse_args(argv)
+
+
+def _fail(message: str) -> "NoReturn":  # noqa: F821
+    print(f"calsweep: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def plan_resources(sweep: SweepConfig, cluster: dict[str, float]) -> SweepConfig:
+    """Fill the config's null resources from the cluster: GPUs per worker, CPUs per worker, concurrency."""
+    r = sweep.resources
+    gpus_total, cpus_total = int(cluster.get("GPU", 0)), max(1, int(cluster.get("CPU", 1)))
+    gpus_per_worker = r.gpus_per_worker if r.gpus_per_worker is not None else (1 if gpus_total else 0)
+    gpus_per_trial = gpus_per_worker * r.workers_per_trial
+    concurrent = r.max_concurrent_trials or (max(1, gpus_total // gpus_per_trial) if gpus_per_trial else 1)
+    # the Tune driver of each trial holds DRIVER_CPUS; the trial's workers share what is left
+    spare = cpus_total - DRIVER_CPUS * concurrent
+    cpus_per_worker = r.cpus_per_worker or (min(8.0, spare / max(1, gpus_total)) if gpus_per_trial
+                                            else spare / (concurrent * r.workers_per_trial))
+    resources = dataclasses.replace(r, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
+                                    max_concurrent_trials=concurrent)
+    return dataclasses.replace(sweep, resources=resources)
+
+
+def summary_table(results_dir: str, run_name: str, tasks: tuple[str, ...]) -> str:
+    """The run's trials as a fixed-width table: family, lr, beta, loss, then acc/ECE/RMS per task."""
+    rows = sorted(store.read_trials(results_dir, run_name).to_pylist(),
+                  key=lambda r: (r["family"], r["learning_rate"], r["label_smoothing"]))
+    header = ["family", "lr", "beta", "status", "train_loss"] + [f"{t}_{m}" for t in tasks
+                                                                  for m in ("acc", "ece", "rms")]
+    lines = [header]
+    for row in rows:
+        cells = [row["family"], f"{row['learning_rate']:g}", f"{row['label_smoothing']:g}", row["status"],
+                 _fmt(row["train_loss"])]
+        cells += [_fmt(row.get(f"{t}_{m}")) for t in tasks for m in ("accuracy", "ece", "rms_ce")]
+        lines.append(cells)
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines)
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool) -> int:
+    """Start or join Ray, run every trial through Tune, print the summary; return the number of failed trials."""
+    import ray
+    from ray import tune
+
+    from sweeps.driver import trial_driver
+    from sweeps.progress import TrialProgress
+    from sweeps.provenance import git_revision, package_versions
+
+    if address:
+        ray.init(address=address)
+    else:
+        ray.init(include_dashboard=True if dashboard else None, configure_logging=True, logging_level="warning")
+    if dashboard or address:
+        print(f"Ray dashboard: {ray.get_runtime_context().get_dashboard_url() or '(not running)'}", flush=True)
+    sweep = plan_resources(sweep, ray.cluster_resources())
+    results_dir = sweep.results_dir if "://" in sweep.results_dir else os.path.abspath(sweep.results_dir)
+    sweep = dataclasses.replace(sweep, results_dir=results_dir)
+    storage_path = f"{results_dir}/ray" if "://" in results_dir else os.path.join(results_dir, "ray")
+    points = sweep.trial_points()
+    param_space = {
+        "family": tune.grid_search(list(sweep.families)),
+        "learning_rate": tune.grid_search(list(sweep.learning_rates)),
+        "label_smoothing": tune.grid_search(list(sweep.label_smoothing)),
+        "sweep": dataclasses.asdict(sweep),
+        "storage_path": storage_path,
+        "provenance": {"package_versions": package_versions(), "git_rev": git_revision()},
+    }
+    tuner = tune.Tuner(
+        tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS}),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=sweep.resources.max_concurrent_trials,
+            trial_name_creator=lambda t: sweep.trial(t.config["family"], t.config["learning_rate"],
+                                                     t.config["label_smoothing"]).trial_id,
+            trial_dirname_creator=lambda t: sweep.trial(t.config["family"], t.config["learning_rate"],
+                                                        t.config["label_smoothing"]).trial_id),
+        run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
+                                  callbacks=[TrialProgress(len(points))]),
+    )
+    results = tuner.fit()
+    print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
+    print(f"\nResults: {results_dir}/trials (one row per trial), {results_dir}/questions (per question)", flush=True)
+    return sum(1 for result in results if result.error is not None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        sweep = load_sweep(args.config, {"name": args.name, "results_dir": args.results_dir,
+                                         "data_dir": args.data_dir})
+        root = resolve_data_dir(sweep.data_dir)  # absolute, so that Ray workers in other directories find it
+        sweep = dataclasses.replace(sweep, data_dir=str(root.resolve()) if root else None)
+    except (ConfigError, DataSourceError) as exc:
+        _fail(str(exc))
+    if args.dry_run:
+        for family, lr, beta in sweep.trial_points():
+            print(sweep.trial(family, lr, beta).trial_id)
+        return 0
+    failed = run_sweep(sweep, args.address, args.dashboard)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
