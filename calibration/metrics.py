@@ -3,10 +3,12 @@
 Notation: N questions; question i has the choice distribution p_i (over its K_i choices), gold label y_i,
 confidence c_i = max_k p_ik and correctness a_i = 1[argmax_k p_ik = y_i].
 
-Equal-width binning (ECE, RMS-CE, MCE, reliability diagrams): bin b = [b/M, (b+1)/M) for b < M-1 and the
-last bin [(M-1)/M, 1] is closed. In a bin B_b with n_b questions, acc(B_b) = mean a_i and conf(B_b) = mean c_i.
-torchmetrics' CalibrationError uses the same half-open bins but puts c = 1.0 exactly into an extra (M+1)-th bin
-of its own; the two agree whenever no confidence equals 1.0 (tests/calibration/test_metrics.py checks both).
+Equal-width binning (ECE, RMS-CE, MCE, reliability diagrams): bin b = [e_b, e_{b+1}) for b < M-1 and the
+last bin [e_{M-1}, 1] is closed, with edges e = torch.linspace(0, 1, M + 1) in float64 (torch's linspace, whose
+values differ from b/M in the last bit for some b, so confidences lying on an edge fall where torchmetrics puts
+them). In a bin B_b with n_b questions, acc(B_b) = mean a_i and conf(B_b) = mean c_i. torchmetrics'
+CalibrationError uses the same bins but puts c = 1.0 exactly into an extra (M+1)-th bin of its own; the two
+agree exactly whenever no confidence equals 1.0 (tests/calibration/test_metrics.py checks both).
 
 Distributions with fewer choices than the widest question are NaN-padded (``probabilities.choice_probs``).
 """
@@ -14,6 +16,7 @@ Distributions with fewer choices than the widest question are NaN-padded (``prob
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 ArrayLike = np.ndarray | list
 
@@ -59,16 +62,17 @@ def static_calibration_error(probs: ArrayLike, gold: ArrayLike, n_bins: int = 15
     """SCE = (1/K) sum_k sum_b (n_bk / N_k) |acc(B_bk) - conf(B_bk)|, classwise over the full distribution.
 
     For choice position k, the N_k questions that have a k-th choice are binned by p_ik into equal-width bins
-    B_bk; acc(B_bk) = mean 1[y_i = k] and conf(B_bk) = mean p_ik over the bin. With every question having K
-    choices this is Nixon et al.'s (2019) SCE.
+    B_bk; acc(B_bk) = mean 1[y_i = k] and conf(B_bk) = mean p_ik over the bin; K counts the positions with
+    N_k > 0. With every question having K choices this is Nixon et al.'s (2019) SCE.
     """
     probs, gold = _distribution(probs, gold)
-    total = 0.0
+    per_class = []
     for k in range(probs.shape[1]):
         present = ~np.isnan(probs[:, k])
-        count, acc, conf = _bins(probs[present, k], (gold[present] == k).astype(float), n_bins)
-        total += np.sum(count / count.sum() * np.abs(acc - conf))
-    return float(total / probs.shape[1])
+        if present.any():
+            count, acc, conf = _bins(probs[present, k], (gold[present] == k).astype(float), n_bins)
+            per_class.append(np.sum(count / count.sum() * np.abs(acc - conf)))
+    return float(np.mean(per_class))
 
 
 def brier_score(probs: ArrayLike, gold: ArrayLike) -> float:
@@ -92,10 +96,15 @@ def reliability_bins(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15
     return _bins(*_top_label(confidence, correct), n_bins)
 
 
+def bin_edges(n_bins: int) -> np.ndarray:
+    """The M + 1 equal-width bin edges, bit for bit those of torchmetrics (``torch.linspace`` in float64)."""
+    return torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64).numpy()
+
+
 def _bins(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
         raise ValueError(f"expected n_bins an integer >= 1, got {n_bins!r}")
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    edges = bin_edges(n_bins)
     index = np.clip(np.searchsorted(edges, confidence, side="right") - 1, 0, n_bins - 1)
     count = np.bincount(index, minlength=n_bins).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -10,14 +10,14 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from calibration.metrics import expected_calibration_error, reliability_bins  # noqa: E402
+from calibration.metrics import bin_edges, expected_calibration_error, reliability_bins  # noqa: E402
 
 
 def reliability_diagram(confidence: np.ndarray, correct: np.ndarray, path: str | Path, *, n_bins: int = 15,
                         title: str = "") -> Path:
     """Write a PNG: top, acc(B_b) bars per bin with the gap to conf(B_b) and the y = x line; bottom, n_b."""
     count, acc, conf = reliability_bins(confidence, correct, n_bins)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    edges = bin_edges(n_bins)
     width = 1.0 / n_bins
     filled = count > 0
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(4.5, 5.5), sharex=True,

@@ -1,0 +1,96 @@
+"""End to end on the miniature data: the seam, the evaluate CLI, then rescore from the stored records."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from calibration.evaluate import EvalResult, apply_overrides, evaluate_model, main
+from calibration.probabilities import choice_probs, pad
+from calibration.records import SCHEMA, read_records
+from calibration.rescore import main as rescore_main
+from calibration.task_config import TASKS
+
+SUMMARY_KEYS = {"accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "n_questions"}
+
+
+def test_seam_contract(llama, tokenizer, mini_data):
+    llama.train()
+    result = evaluate_model(llama, tokenizer, data_dir=mini_data, limit=3, progress=False)
+    assert isinstance(result, EvalResult) and llama.training
+    assert set(result.summary) == {"mmlu", "arc_easy", "hellaswag"}
+    for values in result.summary.values():
+        assert SUMMARY_KEYS <= set(values) and all(isinstance(v, float) for v in values.values())
+    assert result.summary["hellaswag"]["n_questions"] == 2.0 and result.summary["mmlu"]["n_questions"] == 3.0
+    records = result.records
+    assert records.schema.equals(SCHEMA) and records.num_rows == 3 + 3 + 2
+    row = records.slice(0, 1).to_pylist()[0]
+    assert row["task"] == "mmlu" and row["question_id"] == "anatomy/test/0" and row["n_choices"] == 4
+    probs = choice_probs(pad(records["loglik"].to_pylist()))
+    np.testing.assert_allclose(records["confidence"].to_numpy(), np.nanmax(probs, axis=1))
+    assert records["loglik_norm"].to_pylist()[0] == records["loglik"].to_pylist()[0]  # letters: length 1
+
+
+def test_heldout_adds_temperature_scaled_metrics(llama, tokenizer, mini_data):
+    result = evaluate_model(llama, tokenizer, ("arc_easy", "hellaswag"), data_dir=mini_data, progress=False,
+                            heldout=True, n_boot=20)
+    assert set(result.records["split"].to_pylist()) == {"test", "dev", "val"}
+    assert "temperature" in result.summary["arc_easy"] and "ece_ts" in result.summary["arc_easy"]
+    assert "temperature" not in result.summary["hellaswag"]  # no held-out split
+    interval = result.intervals["arc_easy"]["ece"]
+    assert interval.low <= interval.estimate <= interval.high
+
+
+def test_overrides_report_every_problem():
+    configs = apply_overrides([TASKS["mmlu"]], ["mmlu.k_shot=2", "mmlu.subjects=anatomy,virology"])
+    assert configs[0].k_shot == 2 and configs[0].subjects == ("anatomy", "virology")
+    with pytest.raises(ValueError) as info:
+        apply_overrides([TASKS["mmlu"]], ["mmlu.shots=2", "arc.k_shot=1"])
+    assert str(info.value).count("TASK.FIELD=VALUE") == 2
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, llama, tokenizer):
+    """The tiny model saved like any local checkpoint, so the CLI loads it through trainable.models."""
+    pytest.importorskip("trainable.models")
+    path = tmp_path_factory.mktemp("tiny-llama")
+    llama.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_cli_writes_records_summary_and_diagrams_then_rescore_recomputes(model_dir, mini_data, tmp_path, capsys):
+    out = tmp_path / "eval"
+    main(["--model", str(model_dir), "--tasks", "mmlu,arc_easy_lettered", "--limit", "4", "--out", str(out),
+          "--data-dir", str(mini_data), "--n-boot", "10", "--set", "mmlu.k_shot=1"])
+    table = capsys.readouterr().out
+    assert "mmlu" in table and "arc_easy_lettered T=" in table
+    records, metadata = read_records(out / "records.parquet")
+    assert metadata["report_splits"] == {"mmlu": "test", "arc_easy_lettered": "test"}
+    assert metadata["fit_splits"] == {"mmlu": "val", "arc_easy_lettered": "dev"}
+    assert metadata["tasks"][0]["k_shot"] == 1 and metadata["git_revision"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["summary"]["mmlu"]["n_questions"] == 4 and len(summary["intervals"]["mmlu"]["ece"]) == 2
+    for name in ("reliability_mmlu.png", "reliability_mmlu_ts.png", "reliability_arc_easy_lettered.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+
+    same = rescore_main([str(out), "--n-boot", "0"])
+    for metric in SUMMARY_KEYS:
+        assert same["mmlu"][metric] == pytest.approx(summary["summary"]["mmlu"][metric], abs=1e-12)
+    fitted = rescore_main([str(out), "--temperature", "fit", "--n-bins", "5", "--n-boot", "0", "--plots"])
+    assert fitted["mmlu"]["temperature"] == pytest.approx(summary["summary"]["mmlu"]["temperature"])
+    assert (out / "rescore_loglik_b5_tfit.json").exists()
+    normed = rescore_main([str(out), "--score", "loglik_norm", "--n-boot", "0"])
+    assert normed["mmlu"]["accuracy"] == pytest.approx(summary["summary"]["mmlu"]["accuracy_norm"])
+
+
+def test_records_of_another_schema_version_are_refused(tmp_path):
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"task": ["x"]}).replace_schema_metadata({b"calsweep.schema_version": b"0"}),
+                   tmp_path / "records.parquet")
+    with pytest.raises(ValueError, match="expected records schema version 1"):
+        read_records(tmp_path / "records.parquet")
