@@ -36,7 +36,8 @@ class FusedLMHead(nn.Module):
         if loss_impl == "fused":
             return kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
                                                 ignore_index=IGNORE_INDEX, softcap=self.softcap)
-        logits = self.forward(hidden).float()
+        logits = self.forward(hidden)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), label_smoothing=label_smoothing,
                                ignore_index=IGNORE_INDEX)
 

@@ -8,6 +8,7 @@ The registry records nominal facts (params, vocabulary, hidden size); loading re
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import re
@@ -104,11 +105,17 @@ def _pretrained_location(spec: ModelSpec) -> tuple[str, dict[str, Any]]:
 
 def load_tokenizer(spec: ModelSpec, custom: dict[str, ModelSpec] | None = None):
     """The spec's tokenizer (a random-init spec borrows the tokenizer of ``spec.tokenizer``)."""
-    from transformers import AutoTokenizer
-
     if spec.source == "random_init":
         return load_tokenizer(resolve_model(spec.tokenizer or "smollm2-135m", custom), custom)
     location, kwargs = _pretrained_location(spec)
+    return _cached_tokenizer(location, **kwargs)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_tokenizer(location: str, **kwargs: Any):
+    """Tokenizers are read-only once built; GGUF ones take seconds to convert, so build each once per process."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

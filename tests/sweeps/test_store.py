@@ -1,0 +1,60 @@
+"""The Parquet store: schema, one row per trial id, atomic writes that leave readers a valid store."""
+
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sweeps import store
+
+
+def _row(trial_id: str, status: str = "ok", **extra):
+    return {"run_name": "r", "trial_id": trial_id, "status": status, "family": "f", "learning_rate": 1e-5,
+            "label_smoothing": 0.1, "seed": 0, "mmlu_ece": 0.2, **extra}
+
+
+def _records(n: int) -> pa.Table:
+    return pa.table({"task": ["mmlu"] * n, "split": ["test"] * n, "question_id": [str(i) for i in range(n)],
+                     "subject": ["s"] * n, "gold": [0] * n, "n_choices": [4] * n,
+                     "loglik": [[-1.0, -2.0, -3.0, -4.0]] * n, "loglik_norm": [[-1.0, -2.0, -3.0, -4.0]] * n,
+                     "confidence": [0.6] * n, "correct": [True] * n})
+
+
+def test_round_trip_and_schema_version(tmp_path):
+    store.write_trial(str(tmp_path), _row("a"))
+    table = store.read_trials(str(tmp_path))
+    assert table.schema.equals(store.TRIAL_SCHEMA, check_metadata=False)
+    row = table.to_pylist()[0]
+    assert row["schema_version"] == store.SCHEMA_VERSION and row["mmlu_ece"] == 0.2 and row["arc_easy_ece"] is None
+
+
+def test_rewriting_a_trial_keeps_one_row(tmp_path):
+    store.write_trial(str(tmp_path), _row("a", status="failed", error="RuntimeError: boom"))
+    store.write_trial(str(tmp_path), _row("a"))
+    store.write_trial(str(tmp_path), _row("b"))
+    table = store.read_trials(str(tmp_path))
+    assert sorted(table.column("trial_id").to_pylist()) == ["a", "b"]
+    assert store.finished_trial_ids(str(tmp_path), "r") == {"a", "b"}
+
+
+def test_half_written_files_are_invisible(tmp_path):
+    store.write_trial(str(tmp_path), _row("a"))
+    (tmp_path / "trials" / ".r__b.123.tmp").write_bytes(b"PAR1 truncated")  # a writer killed mid-write
+    assert store.read_trials(str(tmp_path)).num_rows == 1
+
+
+def test_questions_table(tmp_path):
+    store.write_questions(str(tmp_path), "r", "a", _records(5))
+    table = store.read_questions(str(tmp_path), "r")
+    assert table.num_rows == 5 and set(table.column("trial_id").to_pylist()) == {"a"}
+    assert pq.read_table(next((tmp_path / "questions").glob("*.parquet"))).num_rows == 5
+
+
+def test_empty_store_and_unknown_columns(tmp_path):
+    assert store.read_trials(str(tmp_path / "none")).num_rows == 0
+    with pytest.raises(ValueError, match="unknown"):
+        store.write_trial(str(tmp_path), _row("a", mmlu_accuracy_typo=1.0))
+
+
+def test_metric_columns_cover_every_task_metric():
+    assert "hellaswag_rms_ce" in store.METRIC_COLUMNS and "arc_easy_ece_ts" in store.METRIC_COLUMNS

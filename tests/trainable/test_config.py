@@ -1,0 +1,82 @@
+"""Sweep YAML validation: every bad entry is named, all at once; the CLI turns them into one line, exit 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sweeps.config import load_sweep, sweep_from_dict, trial_id
+from trainable.config import ConfigError, TrialConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_default_config_is_the_four_trial_grid():
+    sweep = load_sweep()
+    assert sweep.trial_points() == [("smollm2-135m", 5e-5, 0.0), ("smollm2-135m", 5e-5, 0.1),
+                                    ("gemma3-270m", 5e-5, 0.0), ("gemma3-270m", 5e-5, 0.1)]
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"label_smoothing": [0.0, 1.0]}, "label smoothing beta in [0, 1), got 1.0"),
+    ({"label_smoothing": [-0.1]}, "label smoothing beta in [0, 1), got -0.1"),
+    ({"learning_rates": [0.0]}, "learning rate > 0, got 0.0"),
+    ({"learning_rates": [-1e-5]}, "learning rate > 0, got -1e-05"),
+    ({"families": ["no-such-model"]}, "unknown model family 'no-such-model'"),
+    ({"trian": {}}, "config.trian: unknown key"),
+    ({"train": {"zero_stage": 4}}, "config.train.zero_stage: expected 0, 1, 2 or 3, got 4"),
+    ({"eval": {"tasks": ["squad"]}}, "got ['squad']"),
+    ({"train": {"micro_batch_size": "8"}}, "config.train.micro_batch_size: expected int, got '8'"),
+])
+def test_bad_entries_are_named(entry, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        sweep_from_dict(entry)
+    assert message in str(info.value)
+
+
+def test_all_problems_reported_together():
+    with pytest.raises(ConfigError) as info:
+        sweep_from_dict({"label_smoothing": [1.5], "learning_rates": [0], "train": {"precision": "int8"}})
+    text = str(info.value)
+    assert "precision" in text  # field-level problems come first; grid checks follow once those are fixed
+    with pytest.raises(ConfigError) as info:
+        sweep_from_dict({"label_smoothing": [1.5], "learning_rates": [0]})
+    assert "1.5" in str(info.value) and "learning rate > 0, got 0" in str(info.value)
+
+
+def test_trial_ids_are_deterministic_and_distinct():
+    assert trial_id("a", 1e-5, 0.1, 0) == trial_id("a", 1e-5, 0.1, 0)
+    assert len({trial_id("a", 1e-5, b, s) for b in (0.0, 0.1) for s in (0, 1)}) == 4
+
+
+def test_trial_config_round_trips_through_a_dict():
+    trial = load_sweep().trial("smollm2-135m", 5e-5, 0.1)
+    assert TrialConfig.from_dict(trial.to_dict()) == trial
+
+
+def _launch(*args, env=None):
+    return subprocess.run([sys.executable, str(REPO / "sweeps" / "launch.py"), *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_cli_reports_a_bad_config_in_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"label_smoothing": [1.0], "families": ["tiny"]}))
+    out = _launch("--config", str(bad), "--dry-run")
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert "got 1.0" in out.stderr
+
+
+def test_cli_reports_a_missing_data_dir_in_one_line(tmp_path):
+    out = _launch("--data-dir", str(tmp_path / "nowhere"), "--dry-run")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "nowhere" in out.stderr and "Hugging Face hub" in out.stderr
+
+
+def test_cli_dry_run_lists_trials():
+    out = _launch("--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.split()) == 4
