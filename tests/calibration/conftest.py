@@ -117,3 +117,13 @@ def llama(tokenizer):
 @pytest.fixture(scope="session")
 def gemma(tokenizer):
     return tiny_gemma3(len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, llama, tokenizer):
+    """The tiny model saved like any local checkpoint, so the CLI loads it through trainable.models."""
+    pytest.importorskip("trainable.models")
+    path = tmp_path_factory.mktemp("tiny-llama")
+    llama.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

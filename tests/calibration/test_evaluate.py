@@ -52,16 +52,6 @@ def test_overrides_report_every_problem():
     assert str(info.value).count("TASK.FIELD=VALUE") == 2
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, llama, tokenizer):
-    """The tiny model saved like any local checkpoint, so the CLI loads it through trainable.models."""
-    pytest.importorskip("trainable.models")
-    path = tmp_path_factory.mktemp("tiny-llama")
-    llama.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def test_cli_writes_records_summary_and_diagrams_then_rescore_recomputes(model_dir, mini_data, tmp_path, capsys):
     out = tmp_path / "eval"
     main(["--model", str(model_dir), "--tasks", "mmlu,arc_easy_lettered", "--limit", "4", "--out", str(out),

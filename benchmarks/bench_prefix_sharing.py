@@ -1,0 +1,101 @@
+"""MMLU 5-shot questions per second with and without the shared k-shot prefix KV cache, same answers.
+
+    python benchmarks/bench_prefix_sharing.py --model smollm2-135m --limit 1000 --batch-size 16 \\
+        --data-dir ../shared/data --out results/bench_prefix_sharing.json          # GPU: bf16 by default
+    python benchmarks/bench_prefix_sharing.py --model smollm2-135m --limit 8 --device cpu --out /tmp/b.json
+
+Both modes score the first ``--limit`` MMLU test questions with ``calibration.scoring.score_prompts``: with
+sharing, each subject's description and five examples run once and every question runs off their KV cache;
+without, every question runs its full prompt. Reported per mode: seconds, questions/s, tokens run through the
+model, accuracy; and across modes the speed-up, the largest log-likelihood difference and how many predicted
+answers differ (bf16 rounding can flip near-ties).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file from any directory, uninstalled
+from calibration.evaluate import git_revision  # noqa: E402
+from calibration.requests import plan  # noqa: E402
+from calibration.scoring import score_prompts  # noqa: E402
+from calibration.task_config import TASKS, load_prompts  # noqa: E402
+
+
+def run_mode(model: Any, tokenizer: Any, prompts: list, gold: np.ndarray, *, share_prefix: bool,
+             batch_size: int) -> tuple[dict[str, float], list[np.ndarray]]:
+    """Time one full scoring pass; tokens = prefix tokens + row tokens actually run through the model."""
+    groups = plan(tokenizer, prompts, share_prefix=share_prefix)
+    tokens = sum(len(g.prefix) + sum(len(r.tokens) for r in g.rows) for g in groups)
+    _synchronize()
+    started = time.perf_counter()
+    loglik = score_prompts(model, tokenizer, prompts, batch_size=batch_size, share_prefix=share_prefix)
+    _synchronize()
+    seconds = time.perf_counter() - started
+    accuracy = float(np.mean([np.argmax(ll) == g for ll, g in zip(loglik, gold)]))
+    return {"seconds": seconds, "questions_per_s": len(prompts) / seconds, "tokens": tokens,
+            "accuracy": accuracy}, loglik
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    from trainable.models import load_pretrained
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m", help="registry name, hub id or local path")
+    parser.add_argument("--limit", type=int, default=1000, help="first N MMLU test questions")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                        help="default bfloat16 on GPU, float32 on CPU")
+    parser.add_argument("--warmup", type=int, default=8, help="questions scored once per mode before timing")
+    parser.add_argument("--out", required=True, help="JSON file for the results")
+    args = parser.parse_args(argv)
+
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
+    model, tokenizer = load_pretrained(args.model, dtype=dtype, device=args.device)
+    questions, prompts = load_prompts(TASKS["mmlu"], data_dir=args.data_dir, limit=args.limit)
+    gold = np.array([q.gold for q in questions])
+    for share in (True, False):
+        score_prompts(model, tokenizer, prompts[: args.warmup], batch_size=args.batch_size, share_prefix=share)
+    shared, shared_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=True, batch_size=args.batch_size)
+    full, full_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=False, batch_size=args.batch_size)
+    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else platform.processor()
+    report = {
+        "date": time.strftime("%Y-%m-%d"), "device": device or platform.machine(), "torch": torch.__version__,
+        "git_revision": git_revision(), "model": args.model, "dtype": str(dtype), "batch_size": args.batch_size,
+        "n_questions": len(prompts), "subjects": sorted({q.subject for q in questions}),
+        "shared_prefix": shared, "no_sharing": full,
+        "speedup": full["seconds"] / shared["seconds"],
+        "max_abs_loglik_diff": float(max(np.max(np.abs(a - b)) for a, b in zip(shared_ll, full_ll))),
+        "predictions_differ": int(sum(np.argmax(a) != np.argmax(b) for a, b in zip(shared_ll, full_ll))),
+    }
+    print(f"MMLU 5-shot, {len(prompts)} questions, {args.model} {dtype} on {report['device']}, "
+          f"batch {args.batch_size}")
+    print(f"{'mode':<14}{'seconds':>10}{'questions/s':>14}{'tokens':>12}{'accuracy':>10}")
+    for name, row in (("shared prefix", shared), ("no sharing", full)):
+        print(f"{name:<14}{row['seconds']:>10.2f}{row['questions_per_s']:>14.2f}{row['tokens']:>12}"
+              f"{100 * row['accuracy']:>9.2f}%")
+    print(f"speed-up {report['speedup']:.2f}x; max |delta loglik| {report['max_abs_loglik_diff']:.2e}; "
+          f"{report['predictions_differ']} predictions differ")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

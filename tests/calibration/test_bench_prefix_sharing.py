@@ -1,0 +1,23 @@
+"""The GPU benchmark script runs on CPU at toy size and reports the same answers for both modes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_prefix_sharing.py"
+
+
+def test_benchmark_runs_and_both_modes_agree(model_dir, mini_data, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_prefix_sharing", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    report = bench.main(["--model", str(model_dir), "--limit", "6", "--batch-size", "4", "--device", "cpu",
+                         "--data-dir", str(mini_data), "--warmup", "2", "--out", str(out)])
+    assert json.loads(out.read_text())["n_questions"] == 6 and report["subjects"] == ["anatomy", "high_school_physics"]
+    assert report["predictions_differ"] == 0 and report["max_abs_loglik_diff"] < 1e-3
+    assert report["shared_prefix"]["accuracy"] == report["no_sharing"]["accuracy"]
+    assert report["shared_prefix"]["tokens"] < report["no_sharing"]["tokens"]
+    assert "speed-up" in capsys.readouterr().out
