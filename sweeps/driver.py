@@ -14,7 +14,7 @@ import socket
 from typing import Any
 
 from sweeps import store
-from sweeps.config import SweepConfig, sweep_from_dict
+from sweeps.config import SweepConfig, sweep_from_dict, workers_for
 
 ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_first", "train_steps", "train_tokens", "tokens_per_s",
                          "precision", "device", "world_size", "model_source", "model_location", "wall_load_s",
@@ -51,13 +51,13 @@ def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any
     return row
 
 
-def scaling_config(sweep: SweepConfig):
-    """Workers per trial and their resources, from the config (null entries are decided in launch)."""
+def scaling_config(sweep: SweepConfig, family: str):
+    """The trial's workers and their resources (null config entries were filled in by the launcher)."""
     from ray.train import ScalingConfig
 
     resources = sweep.resources
     gpus = resources.gpus_per_worker or 0
-    return ScalingConfig(num_workers=resources.workers_per_trial, use_gpu=gpus > 0,
+    return ScalingConfig(num_workers=workers_for(sweep, family), use_gpu=gpus > 0,
                          resources_per_worker={"CPU": resources.cpus_per_worker or 1, **({"GPU": gpus} if gpus else {})})
 
 
@@ -79,14 +79,14 @@ def trial_driver(params: dict[str, Any]) -> None:
 
     sweep = sweep_from_dict(params["sweep"])
     trial = sweep.trial(params["family"], params["learning_rate"], params["label_smoothing"])
-    if trial.trial_id in store.finished_trial_ids(sweep.results_dir, sweep.name):
+    if store.trial_statuses(sweep.results_dir, sweep.name).get(trial.trial_id) == "ok":
         ray.tune.report({"phase": "done", "resumed_from_store": True})
         return
     started = _now()
     trainer = TorchTrainer(
         train_fn_per_worker,
         train_loop_config=trial.to_dict(),
-        scaling_config=scaling_config(sweep),
+        scaling_config=scaling_config(sweep, trial.family),
         run_config=RunConfig(
             name=f"{sweep.name}-{trial.trial_id}",
             storage_path=params["storage_path"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,9 +19,11 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import yaml  # noqa: E402
+
 from calibration.datasource import DataSourceError, resolve_data_dir  # noqa: E402
 from sweeps import store  # noqa: E402
-from sweeps.config import ConfigError, SweepConfig, load_sweep  # noqa: E402
+from sweeps.config import ConfigError, SweepConfig, load_sweep, workers_for  # noqa: E402
 
 
 DRIVER_CPUS = 0.01  # a trial's Tune function only waits on its TorchTrainer
@@ -45,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results-dir", default=None, help="results store root (overrides `results_dir`)")
     parser.add_argument("--data-dir", default=None,
                         help="local data root (overrides `data_dir`; default $CALSWEEP_DATA_DIR, else the hub)")
+    parser.add_argument("--resume", metavar="RUN", default=None,
+                        help="continue the interrupted sweep RUN from <results-dir>/runs/RUN/sweep.yaml: finished "
+                             "trials are not re-run, unfinished and errored ones are")
     parser.add_argument("--dry-run", action="store_true", help="validate the config, list the trials and exit")
     return parser.parse_args(argv)
 
@@ -59,12 +65,13 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float]) -> SweepConfig
     r = sweep.resources
     gpus_total, cpus_total = int(cluster.get("GPU", 0)), max(1, int(cluster.get("CPU", 1)))
     gpus_per_worker = r.gpus_per_worker if r.gpus_per_worker is not None else (1 if gpus_total else 0)
-    gpus_per_trial = gpus_per_worker * r.workers_per_trial
-    concurrent = r.max_concurrent_trials or (max(1, gpus_total // gpus_per_trial) if gpus_per_trial else 1)
-    # the Tune driver of each trial holds DRIVER_CPUS; the trial's workers share what is left
-    spare = cpus_total - DRIVER_CPUS * concurrent
-    cpus_per_worker = r.cpus_per_worker or (min(8.0, spare / max(1, gpus_total)) if gpus_per_trial
-                                            else spare / (concurrent * r.workers_per_trial))
+    workers = min(workers_for(sweep, family) for family in sweep.families)
+    if gpus_per_worker:
+        concurrent = r.max_concurrent_trials or max(1, gpus_total // (gpus_per_worker * workers))
+        cpus_per_worker = r.cpus_per_worker or min(8.0, (cpus_total - DRIVER_CPUS * concurrent) / max(1, gpus_total))
+    else:  # CPU only: trials share the machine's cores one after another
+        concurrent = r.max_concurrent_trials or 1
+        cpus_per_worker = r.cpus_per_worker or (cpus_total - DRIVER_CPUS * concurrent) / (concurrent * workers)
     resources = dataclasses.replace(r, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
                                     max_concurrent_trials=concurrent)
     return dataclasses.replace(sweep, resources=resources)
@@ -90,13 +97,31 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool) -> int:
-    """Start or join Ray, run every trial through Tune, print the summary; return the number of failed trials."""
+def save_sweep(sweep: SweepConfig) -> str:
+    """Write the resolved sweep to <results_dir>/runs/<name>/sweep.yaml (what ``--resume`` reads back)."""
+    directory = os.path.join(sweep.results_dir, "runs", sweep.name)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "sweep.yaml")
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as handle:
+        yaml.safe_dump(json.loads(json.dumps(dataclasses.asdict(sweep))), handle, sort_keys=False)
+    os.replace(temporary, path)
+    return path
+
+
+def _trial_name(sweep: SweepConfig):
+    return lambda t: sweep.trial(t.config["family"], t.config["learning_rate"], t.config["label_smoothing"]).trial_id
+
+
+def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: bool = False) -> int:
+    """Start or join Ray, run the sweep through Tune (restoring it with ``resume``), print the summary;
+    return the number of trials that did not finish ok."""
     import ray
     from ray import tune
 
+    from sweeps import search
     from sweeps.driver import trial_driver
-    from sweeps.progress import TrialProgress
+    from sweeps.progress import StoreRecorder, TrialProgress
     from sweeps.provenance import git_revision, package_versions
 
     if address:
@@ -105,42 +130,50 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool) -> int:
         ray.init(include_dashboard=True if dashboard else None, configure_logging=True, logging_level="warning")
     if dashboard or address:
         print(f"Ray dashboard: {ray.get_runtime_context().get_dashboard_url() or '(not running)'}", flush=True)
+    if sweep.search.method == "optuna":  # progress reports carry no objective until the trial's final report
+        os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     sweep = plan_resources(sweep, ray.cluster_resources())
-    results_dir = sweep.results_dir if "://" in sweep.results_dir else os.path.abspath(sweep.results_dir)
-    sweep = dataclasses.replace(sweep, results_dir=results_dir)
+    results_dir = sweep.results_dir
+    if "://" not in results_dir:
+        save_sweep(sweep)
     storage_path = f"{results_dir}/ray" if "://" in results_dir else os.path.join(results_dir, "ray")
-    points = sweep.trial_points()
-    param_space = {
-        "family": tune.grid_search(list(sweep.families)),
-        "learning_rate": tune.grid_search(list(sweep.learning_rates)),
-        "label_smoothing": tune.grid_search(list(sweep.label_smoothing)),
-        "sweep": dataclasses.asdict(sweep),
-        "storage_path": storage_path,
-        "provenance": {"package_versions": package_versions(), "git_rev": git_revision()},
-    }
-    tuner = tune.Tuner(
-        tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS}),
-        param_space=param_space,
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=sweep.resources.max_concurrent_trials,
-            trial_name_creator=lambda t: sweep.trial(t.config["family"], t.config["learning_rate"],
-                                                     t.config["label_smoothing"]).trial_id,
-            trial_dirname_creator=lambda t: sweep.trial(t.config["family"], t.config["learning_rate"],
-                                                        t.config["label_smoothing"]).trial_id),
-        run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
-                                  callbacks=[TrialProgress(len(points))]),
-    )
-    results = tuner.fit()
+    param_space = {**search.search_space(sweep), "sweep": dataclasses.asdict(sweep), "storage_path": storage_path,
+                   "provenance": {"package_versions": package_versions(), "git_rev": git_revision()}}
+    trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
+    experiment = f"{storage_path}/{sweep.name}"
+    if resume and tune.Tuner.can_restore(experiment):
+        print(f"Resuming the Tune experiment {experiment}", flush=True)
+        tuner = tune.Tuner.restore(experiment, trainable, resume_unfinished=True, resume_errored=True,
+                                   param_space=param_space)
+    else:
+        n_trials = len(sweep.trial_points()) if sweep.search.method == "grid" else sweep.search.num_samples
+        tuner = tune.Tuner(
+            trainable, param_space=param_space,
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=sweep.resources.max_concurrent_trials, num_samples=search.num_samples(sweep),
+                search_alg=search.search_algorithm(sweep), scheduler=search.scheduler(sweep),
+                trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep)),
+            run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
+                                      callbacks=[TrialProgress(n_trials), StoreRecorder(sweep)]),
+        )
+    tuner.fit()
     print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
     print(f"\nResults: {results_dir}/trials (one row per trial), {results_dir}/questions (per question)", flush=True)
-    return sum(1 for result in results if result.error is not None)
+    statuses = store.read_trials(results_dir, sweep.name).column("status").to_pylist()
+    return sum(1 for status in statuses if status != "ok")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        sweep = load_sweep(args.config, {"name": args.name, "results_dir": args.results_dir,
-                                         "data_dir": args.data_dir})
+        config = args.config
+        if args.resume:
+            config = os.path.join(args.results_dir or "results", "runs", args.resume, "sweep.yaml")
+            if not os.path.isfile(config):
+                raise ConfigError(f"--resume {args.resume!r}: expected a run saved at {config}, found none")
+        sweep = load_sweep(config, {"name": args.name, "results_dir": args.results_dir, "data_dir": args.data_dir})
+        if "://" not in sweep.results_dir:
+            sweep = dataclasses.replace(sweep, results_dir=os.path.abspath(sweep.results_dir))
         root = resolve_data_dir(sweep.data_dir)  # absolute, so that Ray workers in other directories find it
         sweep = dataclasses.replace(sweep, data_dir=str(root.resolve()) if root else None)
     except (ConfigError, DataSourceError) as exc:
@@ -149,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         for family, lr, beta in sweep.trial_points():
             print(sweep.trial(family, lr, beta).trial_id)
         return 0
-    failed = run_sweep(sweep, args.address, args.dashboard)
+    failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume))
     return 1 if failed else 0
 
 

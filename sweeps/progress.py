@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -44,3 +45,40 @@ class TrialProgress(Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.finished += 1
         self._say(f"FAILED {trial} (recorded in the results store with its error)")
+
+
+class StoreRecorder(Callback):
+    """Makes sure every trial that ends has its row: a trial stopped early by the scheduler, or whose Tune
+    function died before writing (e.g. its process was killed), is recorded as 'stopped' or 'failed'."""
+
+    def __init__(self, sweep: Any):
+        self.sweep = sweep
+        self.started: dict[str, Any] = {}
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        from sweeps.driver import _now
+
+        self.started[trial.trial_id] = _now()
+
+    def _record(self, trial: Any, status: str, error: str | None) -> None:
+        from sweeps import store
+        from sweeps.driver import _now, trial_row
+
+        config = trial.config
+        trial_id = self.sweep.trial(config["family"], config["learning_rate"], config["label_smoothing"]).trial_id
+        if trial_id in store.trial_statuses(self.sweep.results_dir, self.sweep.name):
+            return
+        row = trial_row(self.sweep, config, dict(trial.last_result or {}), status, error,
+                        self.started.get(trial.trial_id, _now()), config["provenance"])
+        store.write_trial(self.sweep.results_dir, row)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._record(trial, "stopped", "stopped early by the scheduler")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        message = "the trial's process ended without recording a result"
+        if getattr(trial, "error_file", None) and os.path.exists(trial.error_file):
+            with open(trial.error_file) as handle:
+                lines = [line.strip() for line in handle.read().splitlines() if line.strip()]
+            message = lines[-1][:2000] if lines else message
+        self._record(trial, "failed", message)

@@ -35,7 +35,7 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("schema_version", pa.int32()),
     pa.field("run_name", pa.string()),
     pa.field("trial_id", pa.string()),
-    pa.field("status", pa.string()),  # ok | failed
+    pa.field("status", pa.string()),  # ok | failed | stopped (early-stopped by the scheduler)
     pa.field("error", pa.string()),
     pa.field("family", pa.string()),
     pa.field("model_source", pa.string()),
@@ -144,11 +144,15 @@ def read_questions(root: str, run_name: str | None = None) -> pa.Table:
     return _read(root, "questions", QUESTION_SCHEMA, run_name)
 
 
+def trial_statuses(root: str, run_name: str) -> dict[str, str]:
+    """trial_id -> status (ok | failed | stopped) of the run's stored trials."""
+    table = read_trials(root, run_name)
+    return dict(zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist()))
+
+
 def finished_trial_ids(root: str, run_name: str) -> set[str]:
     """Ids of the run's trials that finished with status ok (skipped on resume)."""
-    table = read_trials(root, run_name)
-    return {tid for tid, status in zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist())
-            if status == "ok"}
+    return {tid for tid, status in trial_statuses(root, run_name).items() if status == "ok"}
 
 
 def config_json(config: dict[str, Any]) -> str:

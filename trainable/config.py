@@ -58,6 +58,8 @@ class TrainConfig:
     dropout: float | None = None  # sets the model's attention/hidden dropout when given
     loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
     log_every: int = 1
+    val_examples: int = 0  # held out from the SFT data for a validation loss (what ASHA watches)
+    val_every: int | None = None  # optimiser steps between validation losses; null: only at the end if val_examples
     deepspeed: dict[str, Any] = field(default_factory=dict)  # merged last into the DeepSpeed config
 
 
@@ -172,6 +174,11 @@ def _check_train(c: TrainConfig) -> list[str]:
         problems.append(f"dropout: expected a number in [0, 1) or null, got {c.dropout!r}")
     if c.loss_impl not in ("fused", "torch"):
         problems.append(f"loss_impl: expected 'fused' or 'torch', got {c.loss_impl!r}")
+    if c.val_examples < 0:
+        problems.append(f"val_examples: expected an integer >= 0, got {c.val_examples!r}")
+    problems += _positive("val_every", c.val_every, allow_none=True)
+    if c.val_every is not None and c.val_examples == 0:
+        problems.append(f"val_every: expected val_examples > 0 to validate every {c.val_every} steps, got 0")
     if len(c.adam_betas) != 2:
         problems.append(f"adam_betas: expected two numbers, got {list(c.adam_betas)!r}")
     return problems

@@ -29,17 +29,21 @@ class FusedLMHead(nn.Module):
         self.softcap = softcap
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, *, label_smoothing: float = 0.0,
-                loss_impl: str = "fused") -> torch.Tensor:
+                loss_impl: str = "fused") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits, or with targets (mean loss, mean max-probability over non-ignored tokens)."""
         if targets is None:
             logits = F.linear(hidden, self.weight)
             return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
+        kept = targets.flatten() != IGNORE_INDEX
         if loss_impl == "fused":
-            return kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
-                                                ignore_index=IGNORE_INDEX, softcap=self.softcap)
+            loss, stats = kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
+                                                       ignore_index=IGNORE_INDEX, softcap=self.softcap,
+                                                       return_stats=True)
+            return loss, stats.max_prob.flatten()[kept].mean()
         logits = self.forward(hidden)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), label_smoothing=label_smoothing,
-                               ignore_index=IGNORE_INDEX)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, -2)
+        loss = F.cross_entropy(logits, targets.flatten(), label_smoothing=label_smoothing, ignore_index=IGNORE_INDEX)
+        return loss, logits.detach()[kept].softmax(-1).amax(-1).mean()
 
 
 def install_fused_head(model: nn.Module) -> FusedLMHead:
@@ -55,6 +59,7 @@ class CausalLMWithFusedLoss(nn.Module):
     """Wraps a HF causal LM: forward(batch) -> mean label-smoothed loss over response tokens.
 
     targets[t] = labels[t + 1] (next-token prediction); the last position and prompt/padding are ignored.
+    ``last_confidence`` holds the mean max-probability of the last batch (training watches it, no logits kept).
     """
 
     def __init__(self, model: nn.Module, label_smoothing: float, loss_impl: str = "fused"):
@@ -63,8 +68,11 @@ class CausalLMWithFusedLoss(nn.Module):
         self.head = install_fused_head(model)
         self.label_smoothing = label_smoothing
         self.loss_impl = loss_impl
+        self.last_confidence = float("nan")
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
-        return self.head(hidden, targets, label_smoothing=self.label_smoothing, loss_impl=self.loss_impl)
+        loss, confidence = self.head(hidden, targets, label_smoothing=self.label_smoothing, loss_impl=self.loss_impl)
+        self.last_confidence = float(confidence)
+        return loss

@@ -22,7 +22,7 @@ import torch
 from trainable.config import TrialConfig
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.models import load_model, load_tokenizer, model_facts, resolve_model
-from trainable.sft_data import build_sft_examples, iterate_batches, steps_per_epoch
+from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 
 
 class NonFiniteLossError(RuntimeError):
@@ -41,6 +41,38 @@ def _dropout_overrides(dropout: float | None) -> dict[str, float]:
     return {} if dropout is None else {"attention_dropout": dropout}
 
 
+def validation_loss(engine, examples: list[dict], micro_batch_size: int, pad_token_id: int,
+                    device: torch.device) -> float:
+    """Mean of the per-batch training loss over the held-out examples (no gradient, eval mode)."""
+    engine.eval()
+    losses = []
+    with torch.no_grad():
+        for start in range(0, len(examples), micro_batch_size):
+            batch = collate(examples[start:start + micro_batch_size], pad_token_id)
+            losses.append(float(engine(**{k: v.to(device) for k, v in batch.items()})))
+    engine.train()
+    return sum(losses) / len(losses)
+
+
+class LiveMetrics:
+    """Ray metrics gauges (tagged by trial) for the dashboard's Metrics view: loss, tokens/s, confidence, ECE."""
+
+    NAMES = ("train_loss", "val_loss", "tokens_per_s", "confidence", "mmlu_ece", "arc_easy_ece", "hellaswag_ece")
+
+    def __init__(self, trial_id: str):
+        from ray.util.metrics import Gauge
+
+        self.tags = {"trial_id": trial_id}
+        self.gauges = {name: Gauge(f"calsweep_{name}", description=f"calsweep trial {name}", tag_keys=("trial_id",))
+                       for name in self.NAMES}
+
+    def set(self, metrics: dict[str, Any]) -> None:
+        for name, gauge in self.gauges.items():
+            value = metrics.get(name)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                gauge.set(float(value), tags=self.tags)
+
+
 def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
               report: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Train and score one configuration; ``report`` receives progress and final metrics, which are returned.
@@ -57,6 +89,8 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     model = load_model(spec, seed=trial.seed, **_dropout_overrides(trial.train.dropout))
     facts = model_facts(model)
     examples = build_sft_examples(trial.sft, tokenizer, trial.seed, trial.data_dir)
+    held_out = examples[len(examples) - trial.train.val_examples:] if trial.train.val_examples else []
+    examples = examples[: len(examples) - len(held_out)]
     if not examples:
         raise ValueError(f"expected at least one SFT example with response tokens, got 0 "
                          f"(max_examples={trial.sft.max_examples}, max_seq_len={trial.sft.max_seq_len})")
@@ -130,8 +164,11 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     trial = TrialConfig.from_dict(config)
     rank = context.get_world_rank()
+    gauges = LiveMetrics(trial.trial_id) if rank == 0 else None
 
     def report(metrics: dict[str, Any]) -> None:
+        if gauges:
+            gauges.set(metrics)
         if metrics.get("phase") != "done" or rank != 0:
             ray.train.report(metrics)
             return

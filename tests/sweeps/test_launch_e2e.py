@@ -1,8 +1,10 @@
 """End to end: `python sweeps/launch.py` on a tiny random-init model, 2 trials, through Ray Tune, Ray Train and
-DeepSpeed on CPU, into the Parquet store; then a rerun that finds both trials finished and adds no rows."""
+DeepSpeed on CPU, into the Parquet store. The driver is killed (with its local Ray) once the first trial is done;
+`--resume` finishes the sweep without re-running that trial, and the store holds exactly one row per trial."""
 
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,18 +17,43 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).with_name("tiny_sweep.yaml")
 
 
-def _launch(results: Path, data_dir: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.run([sys.executable, str(REPO / "sweeps" / "launch.py"), "--config", str(CONFIG),
-                           "--results-dir", str(results)], capture_output=True, text=True, timeout=900, env=env)
+def _command(results: Path, *args: str) -> list[str]:
+    return [sys.executable, str(REPO / "sweeps" / "launch.py"), "--results-dir", str(results), *args]
+
+
+def _env(data_dir: str) -> dict:
+    return {**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _run_until_first_trial_done_then_kill(results: Path, data_dir: str) -> str:
+    process = subprocess.Popen(_command(results, "--config", str(CONFIG)), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=_env(data_dir), start_new_session=True)
+    seen = []
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if line.startswith("[calsweep 1/2] done"):
+                break
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+        process.wait(timeout=60)
+    return "".join(seen)
 
 
 @pytest.mark.slow
-def test_tiny_sweep_end_to_end(tmp_path, data_dir):
-    out = _launch(tmp_path, data_dir)
+def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
+    first = _run_until_first_trial_done_then_kill(tmp_path, data_dir)
+    assert "[calsweep 1/2] done" in first, first[-3000:]
+    before = {r["trial_id"]: r for r in store.read_trials(str(tmp_path), "tiny").to_pylist() if r["status"] == "ok"}
+    assert len(before) >= 1
+
+    out = subprocess.run(_command(tmp_path, "--resume", "tiny"), capture_output=True, text=True, timeout=900,
+                         env=_env(data_dir))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "[calsweep 2/2] done" in out.stdout
     rows = store.read_trials(str(tmp_path), "tiny").to_pylist()
+    for row in rows:  # finished trials were not run again
+        if row["trial_id"] in before:
+            assert row["finished_at"] == before[row["trial_id"]]["finished_at"]
     assert len(rows) == 2 and {r["label_smoothing"] for r in rows} == {0.0, 0.1}
     for row in rows:
         assert row["status"] == "ok" and row["error"] is None
@@ -43,9 +70,3 @@ def test_tiny_sweep_end_to_end(tmp_path, data_dir):
     assert questions.num_rows == 2 * 3 * 4
     table = out.stdout[out.stdout.index("family"):]
     assert "tiny-llama" in table and "hellaswag_rms" in table
-
-    again = _launch(tmp_path, data_dir)  # resume: both trials are finished in the store, none re-runs
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert store.read_trials(str(tmp_path), "tiny").num_rows == 2
-    assert [r["finished_at"] for r in store.read_trials(str(tmp_path), "tiny").to_pylist()] == \
-        [r["finished_at"] for r in rows]
