@@ -53,12 +53,15 @@ def search_algorithm(sweep: SweepConfig):
         return None
     import optuna
     from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.sample import Domain
     from ray.tune.search.optuna import OptunaSearch
 
     url = optuna_storage_url(sweep)
     storage = optuna.storages.RDBStorage(url)
     study_exists = sweep.name in optuna.study.get_all_study_names(storage)
-    points = [{"family": f, "learning_rate": lr, "label_smoothing": b} for f, lr, b in sweep.trial_points()]
+    varied = [key for key, value in search_space(sweep).items() if isinstance(value, Domain)]
+    points = [dict(zip(("family", "learning_rate", "label_smoothing"), point)) for point in sweep.trial_points()]
+    points = [{key: point[key] for key in varied} for point in points]
     objectives = sweep.search.objectives
     searcher = OptunaSearch(
         metric=list(objectives) if len(objectives) > 1 else next(iter(objectives)),

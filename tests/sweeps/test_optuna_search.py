@@ -1,0 +1,54 @@
+"""`search: optuna` end to end on a tiny model: a multi-objective TPE study warm-started with the grid, kept in
+SQLite, continued by a second launch (which adds trials instead of starting over), with ASHA on validation loss."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from sweeps import store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(tmp_path: Path, num_samples: int) -> Path:
+    config = yaml.safe_load((Path(__file__).with_name("tiny_sweep.yaml")).read_text())
+    config.update(name="study", label_smoothing=[0.0, 0.3], results_dir=str(tmp_path / "results"))
+    config["train"].update(val_examples=4, val_every=1)
+    config["eval"].update(tasks=["arc_easy"], limit=3)
+    config["search"] = {"method": "optuna", "num_samples": num_samples, "sampler": "tpe",
+                        "objectives": {"arc_easy_ece": "min", "arc_easy_accuracy": "max"},
+                        "asha": {"metric": "val_loss", "mode": "min", "grace_period": 1, "max_t": 10}}
+    path = tmp_path / f"study_{num_samples}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _launch(config: Path, data_dir: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.run([sys.executable, str(REPO / "sweeps" / "launch.py"), "--config", str(config)],
+                          capture_output=True, text=True, timeout=900, env=env)
+
+
+@pytest.mark.slow
+def test_optuna_study_persists_and_continues(tmp_path, data_dir):
+    storage = f"sqlite:///{tmp_path / 'results' / 'optuna' / 'study.db'}"
+    out = _launch(_config(tmp_path, num_samples=1), data_dir)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    study = optuna.load_study(study_name="study", storage=storage)
+    assert len(study.directions) == 2
+    first = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(first) == 1 and first[0].params["label_smoothing"] in (0.0, 0.3)  # a grid seed point comes first
+
+    out = _launch(_config(tmp_path, num_samples=1), data_dir)  # a second launch continues the same study
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    study = optuna.load_study(study_name="study", storage=storage)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 2
+    rows = store.read_trials(str(tmp_path / "results"), "study").to_pylist()
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+    assert all(0 <= r["arc_easy_ece"] <= 1 for r in rows)
