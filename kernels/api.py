@@ -58,7 +58,7 @@ def _validate(
         raise ValueError(f"expected weight.shape[1] == hidden.shape[-1] == {hidden.shape[-1]}, got {weight.shape[1]}")
     if tuple(targets.shape) != tuple(hidden.shape[:-1]):
         raise ValueError(f"expected targets of shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}")
-    allowed = _FLOAT_DTYPES + ((torch.float64,) if not hidden.is_cuda else ())
+    allowed = _FLOAT_DTYPES + ((torch.float64,) if select_backend(hidden) is TORCH_BACKEND else ())
     if hidden.dtype not in allowed:
         raise ValueError(f"expected hidden dtype in {allowed}, got {hidden.dtype}")
     if weight.dtype != hidden.dtype:

@@ -1,7 +1,8 @@
 """The autograd Function shared by both backends: forward keeps only O(N) state, backward recomputes.
 
-A backend supplies `forward(E, C, y, beta, ignore_index, softcap) -> (loss, lse, p_target, p_max)` (per
-token, float32) and `backward(E, C, y, lse, g, beta, ignore_index, softcap, need_dE, need_dC) -> (dE, dC)`.
+A backend supplies `forward(E, C, y, beta, ignore_index, softcap) -> (loss, lse, p_target, p_max, saved)`
+(per token, float32; `saved` is a tuple of O(N)-sized tensors) and
+`backward(E, C, y, saved, g, beta, ignore_index, softcap, need_dE, need_dC) -> (dE, dC)`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ class Backend(Protocol):
     def forward(
         self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
         label_smoothing: float, ignore_index: int, softcap: float | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]: ...
 
     def backward(
-        self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+        self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, saved: tuple[torch.Tensor, ...],
         grad_loss: torch.Tensor, label_smoothing: float, ignore_index: int, softcap: float | None,
         need_hidden_grad: bool, need_weight_grad: bool,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]: ...
@@ -38,10 +39,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         ignore_index: int,
         softcap: float | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        loss, lse, target_prob, max_prob = backend.forward(
+        loss, lse, target_prob, max_prob, saved = backend.forward(
             hidden, weight, targets, label_smoothing, ignore_index, softcap
         )
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.save_for_backward(hidden, weight, targets, *saved)
         ctx.backend, ctx.label_smoothing, ctx.ignore_index, ctx.softcap = (
             backend, label_smoothing, ignore_index, softcap,
         )
@@ -50,9 +51,9 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, *_unused: torch.Tensor) -> tuple[Any, ...]:
-        hidden, weight, targets, lse = ctx.saved_tensors
+        hidden, weight, targets, *saved = ctx.saved_tensors
         d_hidden, d_weight = ctx.backend.backward(
-            hidden, weight, targets, lse, grad_loss.contiguous(), ctx.label_smoothing, ctx.ignore_index,
+            hidden, weight, targets, tuple(saved), grad_loss.contiguous(), ctx.label_smoothing, ctx.ignore_index,
             ctx.softcap, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
         )
         return d_hidden, d_weight, None, None, None, None, None

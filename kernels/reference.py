@@ -40,8 +40,9 @@ def chunked_forward(
     label_smoothing: float,
     ignore_index: int,
     softcap: float | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token (loss, LSE, target probability, max probability), all float32 (float64 for float64 input).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Per-token (loss, LSE, target probability, max probability), all float32 (float64 for float64 input),
+    and (LSE,) saved for the backward.
 
     Holds at most one (rows_per_chunk, V) block of logits; the target probability is nan for ignored tokens.
     """
@@ -68,14 +69,14 @@ def chunked_forward(
         lse[rows] = lse_c
         target_prob[rows] = torch.where(valid[rows], torch.exp(z_y - lse_c), float("nan"))
         max_prob[rows] = torch.exp(z.amax(dim=1) - lse_c)
-    return loss, lse, target_prob, max_prob
+    return loss, lse, target_prob, max_prob, (lse,)
 
 
 def chunked_backward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
-    lse: torch.Tensor,
+    saved: tuple[torch.Tensor, ...],
     grad_loss: torch.Tensor,
     label_smoothing: float,
     ignore_index: int,
@@ -85,6 +86,7 @@ def chunked_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients (dE, dC) of sum_i g_i loss_i, recomputing each chunk's logits; dense, no filtering."""
     n, vocab = hidden.shape[0], weight.shape[0]
+    (lse,) = saved
     cdt = _compute_dtype(hidden.dtype)
     c = weight.to(cdt)
     beta = label_smoothing

@@ -1,4 +1,4 @@
-"""Shared test inputs and the accuracy rule for the linear cross-entropy tests.
+"""Test inputs and the accuracy rule for linear_cross_entropy (used by tests/kernels and the GPU checks).
 
 Accuracy rule (after Cut Cross-Entropy): for float16/bfloat16 inputs, the max abs error of our loss and of
 each gradient against the float64 truth must not exceed torch's own error in that dtype (F.cross_entropy on
@@ -23,16 +23,19 @@ def make_case(
     seed: int = 0, device: str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """hidden (n, dim), weight (vocab, dim), targets (n,). Random logits have std about 3; `peaked` puts each
-    target row of the weight near its hidden state (CCE's trick) so that p_target is close to 1."""
+    target row of the weight along its hidden state (CCE's trick): target logits 30, the others of order
+    30 / sqrt(dim)."""
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, dim, generator=g, dtype=torch.float64)
     weight = torch.randn(vocab, dim, generator=g, dtype=torch.float64) * (3.0 / dim**0.5)
     targets = torch.randint(0, vocab, (n,), generator=g)
     if peaked:
-        # Logit of the target about 20 above the others: the softmax is nearly one-hot.
+        if n <= vocab:  # distinct targets: no two tokens share (and so sum into) one weight row
+            targets = torch.randperm(vocab, generator=g)[:n]
+        hidden = hidden * (dim**0.5 / hidden.norm(dim=1, keepdim=True))  # target logit exactly 30 (no collision)
         weight = weight * 0.3
         weight[targets] = 0.0
-        weight.index_add_(0, targets, hidden * (20.0 / dim))
+        weight.index_add_(0, targets, hidden * (30.0 / dim))
     if ignore_frac > 0.0:
         targets[torch.rand(n, generator=g) < ignore_frac] = -100
     return hidden.to(dtype).to(device), weight.to(dtype).to(device), targets.to(device)

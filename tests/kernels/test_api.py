@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lce_cases import make_case
 
 from kernels import LCEStats, linear_cross_entropy
 from kernels.reference import reference_cross_entropy
+from kernels.testing import make_case
 
 
 @pytest.fixture(autouse=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lce_cases import assert_accurate, loss_and_grads, make_case, truth_and_torch
 
 from kernels import linear_cross_entropy, reference
 from kernels.api import TORCH_BACKEND, select_backend
+from kernels.testing import assert_accurate, loss_and_grads, make_case, truth_and_torch
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

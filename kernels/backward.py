@@ -1,0 +1,400 @@
+"""Triton backward: recompute logits blockwise, filter negligible blocks, add the exact low-rank parts.
+
+With g_i the upstream gradient, dloss_i/dz_iv = p_iv - (1 - beta)[v = y_i] - beta / V, split into
+1. softmax part g_i p_iv (v != y_i): recomputed per (row block, vocabulary tile) into a chunk of dZ, then
+   dC += dZ^T E and dE += dZ C. A tile is skipped when its largest non-target probability, bounded by
+   exp(tile max from the forward - min LSE of its rows), is below FILTER_MASS / V, so the probability mass
+   dropped per token is at most FILTER_MASS: |change of dE_i| <= FILTER_MASS g_i max|C|.
+2. target column a_i = g_i (p_iy - (1 - beta)): dE_i += a_i C_{y_i}; dC_{y_i} += sum_{j: y_j = y_i} a_j E_j.
+3. uniform part -beta g_i / V (rank one): dE_i -= beta g_i mean_v C_v; dC_v -= (beta / V) sum_i g_i E_i.
+With softcap, every part is multiplied by dz/du = 1 - (z / s)^2; the uniform part is then no longer rank one,
+so with softcap and beta > 0 it is added inside every tile and nothing is filtered (exact).
+
+Memory beyond the gradients: one (N x chunk_vocab) dZ chunk in the input dtype (chunk_vocab chosen so that
+it holds about 8M elements: 16 MiB in bf16), and the dE accumulator's low half: dE is accumulated over the
+vocabulary chunks as a bf16 (hi, lo) pair whose hi half is dE itself (about 16 mantissa bits), in float32 for
+fp16/fp32 inputs (fp32: in dE itself). At N = 8192, D = 2304, bf16: 16 + 36 MiB = 4.3% of the gradients.
+dC is written once per vocabulary tile (one rounding, as in torch), plus one add for target rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import forward
+from kernels._tl_utils import dot_acc, dot_flags, logits_tile, softcap_fn
+
+# Probability mass per token that gradient filtering may drop (see module docstring); 0 disables filtering.
+FILTER_MASS = 2.0**-10
+
+
+@dataclass(frozen=True)
+class BackwardTiles:
+    dz_elements: int = 1 << 23  # size of the dZ chunk (N x chunk_vocab); chunk_vocab is a multiple of block_v
+    gemm_m: int = 128  # output rows of the dC / dE GEMM tiles; divides block_n and block_v
+    gemm_d: int = 128
+    gemm_k: int = 64
+    gemm_warps: int = 8
+    gemm_stages: int = 3
+
+
+TILES = BackwardTiles()
+
+
+@triton.jit
+def _dz_kernel(
+    E, C, Y, LSE, G, GSCALE, ACTIVE, DZ,
+    N, V, D, c0, vc, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v, softcap,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DENSE_UNIFORM: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """dZ[i, v - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if softcap)."""
+    pid = tl.program_id(0)
+    tiles_v = tl.cdiv(vc, BLOCK_V)
+    tn = pid // tiles_v
+    tv = pid % tiles_v
+    if MASKED:
+        if tl.load(ACTIVE + tn * num_vtiles + c0 // BLOCK_V + tv) == 0:
+            return
+    rows = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
+    row_ok = rows < N
+    col_ok = cols < V
+    z = logits_tile(
+        E, C, tl.minimum(rows, N - 1), tl.minimum(cols, V - 1), D, stride_en, stride_ed, stride_cv, stride_cd,
+        BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, DOT_UPCAST, DOT_PRECISION,
+    )
+    if HAS_SOFTCAP:
+        z = softcap_fn(z, softcap)
+    lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
+    g = tl.load(G + rows, mask=row_ok, other=0.0) / tl.load(GSCALE)
+    y = tl.load(Y + rows, mask=row_ok, other=-1)
+    dz = tl.where(col_ok[None, :] & (cols[None, :] != y[:, None]), tl.exp(z - lse[:, None]), 0.0)
+    if DENSE_UNIFORM:
+        dz = tl.where(col_ok[None, :], dz - beta_over_v, 0.0)
+    dz = dz * g[:, None]
+    if HAS_SOFTCAP:
+        dz = dz * (1.0 - (z / softcap) * (z / softcap))
+    out = DZ + rows.to(tl.int64)[:, None] * stride_dz + (cols - c0)[None, :]
+    tl.store(out, dz.to(DZ.dtype.element_ty))
+
+
+@triton.jit
+def _dc_tile(
+    pid, DZ, E, DC, U, ACTIVE, gscale, N, D, c0, vc, stride_dz, stride_en, stride_ed, stride_dcv, stride_dcd,
+    num_vtiles,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """dC[c0 + tile] = u + gscale * dZ[:, tile]^T @ E for one (BLOCK_M x BLOCK_D) tile: written once."""
+    d_tiles = tl.cdiv(D, BLOCK_D)
+    tv = pid // d_tiles
+    vl = tv * BLOCK_M + tl.arange(0, BLOCK_M)
+    ds = (pid % d_tiles) * BLOCK_D + tl.arange(0, BLOCK_D)
+    ds_c = tl.minimum(ds, D - 1)
+    ks = tl.arange(0, BLOCK_K)
+    mask_col = (c0 + tv * BLOCK_M) // MASK_V
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    n_active = 0
+    for k in range(0, N, BLOCK_K):
+        active = True
+        if MASKED:
+            active = tl.load(ACTIVE + (k // MASK_N) * num_vtiles + mask_col) != 0
+        if active:
+            a = tl.load(DZ + (k + ks).to(tl.int64)[:, None] * stride_dz + vl[None, :])
+            rows = tl.minimum(k + ks, N - 1).to(tl.int64)
+            b = tl.load(E + rows[:, None] * stride_en + ds_c[None, :] * stride_ed)
+            acc = dot_acc(tl.trans(a), b, acc, DOT_UPCAST, DOT_PRECISION)
+            n_active += 1
+    if n_active > 0:
+        ok = (vl < vc)[:, None] & (ds < D)[None, :]
+        u = tl.load(U + ds, mask=ds < D, other=0.0)
+        ptrs = DC + (c0 + vl).to(tl.int64)[:, None] * stride_dcv + ds[None, :] * stride_dcd
+        tl.store(ptrs, (u[None, :] + gscale * acc).to(DC.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _de_tile(
+    pid, DZ, C, ACC, ACC_LO, ACTIVE, gscale, V, D, c0, vc, N, stride_dz, stride_cv, stride_cd, num_vtiles,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """ACC[tile] += gscale * dZ[tile, :] @ C[c0 : c0 + vc] for one (BLOCK_M x BLOCK_D) tile. ACC is float32, or
+    with SPLIT_ACC a (hi, lo) pair of 16-bit tensors holding the sum hi + lo."""
+    d_tiles = tl.cdiv(D, BLOCK_D)
+    tn = pid // d_tiles
+    nl = tn * BLOCK_M + tl.arange(0, BLOCK_M)
+    ds = (pid % d_tiles) * BLOCK_D + tl.arange(0, BLOCK_D)
+    ds_c = tl.minimum(ds, D - 1)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    n_active = 0
+    for k in range(0, vc, BLOCK_K):
+        active = True
+        if MASKED:
+            active = tl.load(ACTIVE + (tn * BLOCK_M // MASK_N) * num_vtiles + (c0 + k) // MASK_V) != 0
+        if active:
+            a = tl.load(DZ + nl.to(tl.int64)[:, None] * stride_dz + (k + ks)[None, :])
+            vs = tl.minimum(c0 + k + ks, V - 1).to(tl.int64)
+            b = tl.load(C + vs[:, None] * stride_cv + ds_c[None, :] * stride_cd)
+            acc = dot_acc(a, b, acc, DOT_UPCAST, DOT_PRECISION)
+            n_active += 1
+    if n_active > 0:
+        ok = (nl < N)[:, None] & (ds < D)[None, :]
+        offs = nl.to(tl.int64)[:, None] * D + ds[None, :]
+        x = tl.load(ACC + offs, mask=ok, other=0.0).to(tl.float32) + gscale * acc
+        if SPLIT_ACC:
+            x += tl.load(ACC_LO + offs, mask=ok, other=0.0).to(tl.float32)
+            hi = x.to(ACC.dtype.element_ty)
+            tl.store(ACC + offs, hi, mask=ok)
+            tl.store(ACC_LO + offs, (x - hi.to(tl.float32)).to(ACC_LO.dtype.element_ty), mask=ok)
+        else:
+            tl.store(ACC + offs, x, mask=ok)
+
+
+@triton.jit
+def _grad_gemm_kernel(
+    DZ, E, C, DC, U, ACC, ACC_LO, ACTIVE, GSCALE,
+    N, V, D, c0, vc, stride_dz, stride_en, stride_ed, stride_cv, stride_cd, stride_dcv, stride_dcd,
+    num_vtiles, num_dc_programs,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One launch for both gradient GEMMs of a vocabulary chunk: programs [0, num_dc_programs) do dC (the
+    longer reduction, over N, so they start first), the rest dE."""
+    pid = tl.program_id(0)
+    gscale = tl.load(GSCALE)
+    if pid < num_dc_programs:
+        _dc_tile(
+            pid, DZ, E, DC, U, ACTIVE, gscale, N, D, c0, vc, stride_dz, stride_en, stride_ed, stride_dcv,
+            stride_dcd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, DOT_UPCAST, DOT_PRECISION,
+        )
+    else:
+        _de_tile(
+            pid - num_dc_programs, DZ, C, ACC, ACC_LO, ACTIVE, gscale, V, D, c0, vc, N, stride_dz, stride_cv,
+            stride_cd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, SPLIT_ACC, DOT_UPCAST,
+            DOT_PRECISION,
+        )
+
+
+@triton.jit
+def _finalize_de_kernel(
+    ACC, ACC_LO, DE, C, Y, A, UB, CMEAN, N, D, stride_cv, stride_cd,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_ACC: tl.constexpr, HAS_UNIFORM: tl.constexpr,
+):
+    """dE_i = acc_i + a_i C_{y_i} - beta g_i mean_v C_v, in dE's dtype (ACC, ACC_LO, DE contiguous; DE may be ACC)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ds = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    r_ok = rows < N
+    ok = r_ok[:, None] & (ds < D)[None, :]
+    offs = rows.to(tl.int64)[:, None] * D + ds[None, :]
+    x = tl.load(ACC + offs, mask=ok, other=0.0).to(tl.float32)
+    if SPLIT_ACC:
+        x += tl.load(ACC_LO + offs, mask=ok, other=0.0).to(tl.float32)
+    a = tl.load(A + rows, mask=r_ok, other=0.0)
+    y = tl.maximum(tl.load(Y + rows, mask=r_ok, other=0), 0).to(tl.int64)
+    c_y = tl.load(C + y[:, None] * stride_cv + ds[None, :] * stride_cd, mask=ok, other=0.0)
+    x += a[:, None] * c_y.to(tl.float32)
+    if HAS_UNIFORM:
+        ub = tl.load(UB + rows, mask=r_ok, other=0.0)
+        x -= ub[:, None] * tl.load(CMEAN + ds, mask=ds < D, other=0.0)[None, :]
+    tl.store(DE + offs, x.to(DE.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _target_dc_kernel(
+    DC, E, A, ORDER, SEG, UNIQ, U, D, stride_en, stride_ed, stride_dcv, stride_dcd,
+    BLOCK_U: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """dC[u] += sum over tokens j with target u of a_j E_j for BLOCK_U distinct targets u, summed in float32
+    before one rounding (ORDER lists the tokens sorted by target; SEG[k] is where target UNIQ[k] starts)."""
+    us = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
+    u_ok = us < U
+    ds = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = ds < D
+    start = tl.load(SEG + us, mask=u_ok, other=0)
+    count = tl.load(SEG + us + 1, mask=u_ok, other=0) - start
+    acc = tl.zeros((BLOCK_U, BLOCK_D), dtype=tl.float32)
+    for j in range(0, tl.max(count, axis=0)):
+        t_ok = j < count
+        i = tl.load(ORDER + start + j, mask=t_ok, other=0)
+        e = tl.load(E + i[:, None] * stride_en + ds[None, :] * stride_ed, mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+        acc += tl.load(A + i, mask=t_ok, other=0.0)[:, None] * e.to(tl.float32)
+    v = tl.load(UNIQ + us, mask=u_ok, other=0)
+    ok = u_ok[:, None] & d_ok[None, :]
+    ptrs = DC + v[:, None] * stride_dcv + ds[None, :] * stride_dcd
+    tl.store(ptrs, (tl.load(ptrs, mask=ok, other=0.0).to(tl.float32) + acc).to(DC.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _colsum_kernel(
+    X, W, OUT, R, D, stride_xr, stride_xd, rows_per_program,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_W: tl.constexpr,
+):
+    """OUT[d] += sum_r w_r X[r, d] over this program's rows (float32, atomic across programs)."""
+    ds = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = ds < D
+    r_begin = tl.program_id(1) * rows_per_program
+    r_end = tl.minimum(r_begin + rows_per_program, R)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    for r in range(r_begin, r_end, BLOCK_R):
+        rows = r + tl.arange(0, BLOCK_R)
+        r_ok = rows < r_end
+        x = tl.load(
+            X + rows.to(tl.int64)[:, None] * stride_xr + ds[None, :] * stride_xd,
+            mask=r_ok[:, None] & d_ok[None, :], other=0.0,
+        ).to(tl.float32)
+        if HAS_W:
+            x *= tl.load(W + rows, mask=r_ok, other=0.0)[:, None]
+        acc += x
+    tl.atomic_add(OUT + ds, tl.sum(acc, axis=0), mask=d_ok)
+
+
+def weighted_colsum(x: torch.Tensor, w: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_r w_r x[r, :] in float32 (w = 1 when None), without an upcast copy of x."""
+    rows, d = x.shape
+    out = torch.zeros(d, dtype=torch.float32, device=x.device)
+    if rows == 0:
+        return out
+    block_d = 128
+    programs_r = max(1, min(triton.cdiv(rows, 64), 8 * forward.num_sms(x.device) // triton.cdiv(d, block_d)))
+    rows_per_program = triton.cdiv(rows, programs_r)
+    _colsum_kernel[(triton.cdiv(d, block_d), triton.cdiv(rows, rows_per_program))](
+        x, w if w is not None else out, out, rows, d, *x.stride(), rows_per_program,
+        BLOCK_R=16, BLOCK_D=block_d, HAS_W=w is not None,
+    )
+    return out
+
+
+def active_tiles(tile_max: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(row blocks, vocabulary tiles) bool: False where every non-target probability of the tile's rows with
+    g != 0 is below FILTER_MASS / V, bounded by exp(tile max - smallest LSE of the block)."""
+    if FILTER_MASS <= 0.0:
+        return torch.ones_like(tile_max, dtype=torch.bool)
+    block_n = forward.TILES.block_n
+    key = torch.where(g != 0, lse, float("inf"))
+    key = torch.nn.functional.pad(key, (0, tile_max.shape[0] * block_n - key.numel()), value=float("inf"))
+    min_lse = key.view(-1, block_n).amin(dim=1)
+    return tile_max - min_lse[:, None] >= math.log(FILTER_MASS / vocab)
+
+
+def _target_segments(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens with a target, ordered by target: (order, segment starts incl. end, distinct targets)."""
+    idx = torch.nonzero(y >= 0).squeeze(1)
+    sorted_y, perm = torch.sort(y[idx])
+    uniq, counts = torch.unique_consecutive(sorted_y, return_counts=True)
+    seg = torch.zeros(uniq.numel() + 1, dtype=torch.int64, device=y.device)
+    torch.cumsum(counts, dim=0, out=seg[1:])
+    return idx[perm], seg, uniq
+
+
+def triton_backward(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, saved: tuple[torch.Tensor, ...],
+    grad_loss: torch.Tensor, label_smoothing: float, ignore_index: int, softcap: float | None,
+    need_hidden_grad: bool, need_weight_grad: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dE, dC) of sum_i g_i loss_i; see the module docstring for the decomposition and the filter."""
+    lse, z_y, tile_max = saved
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+    beta = label_smoothing
+    dense_uniform = softcap is not None and beta > 0.0
+    rank_one_uniform = beta > 0.0 and not dense_uniform
+    valid = targets != ignore_index
+    y = torch.where(valid, targets, -1)
+    g = torch.where(valid, grad_loss.float(), 0.0)
+    gmax = g.abs().amax() if n > 0 else g.new_zeros(())
+    gscale = torch.where(gmax > 0, gmax, 1.0).reshape(1)  # dZ is stored as dz * g / gscale, in [-1, 1]
+    a = g * (torch.exp(z_y - lse) - (1.0 - beta))
+    if softcap is not None:
+        a = a * (1.0 - (z_y / softcap) ** 2)
+    a = torch.where(valid, a, 0.0)
+
+    split_acc = hidden.dtype == torch.bfloat16
+    d_hidden, acc_lo = None, None
+    if need_hidden_grad:
+        acc_dtype = hidden.dtype if split_acc or hidden.dtype == torch.float32 else torch.float32
+        d_hidden = torch.zeros((n, d), dtype=acc_dtype, device=dev)
+        acc_lo = torch.zeros_like(d_hidden) if split_acc else d_hidden
+    d_weight, u = None, torch.zeros(d, dtype=torch.float32, device=dev)
+    if need_weight_grad:
+        if rank_one_uniform:
+            u = -(beta / vocab) * weighted_colsum(hidden, g)
+        d_weight = u.to(weight.dtype).expand(vocab, d).contiguous()
+    if n > 0:
+        _softmax_part(hidden, weight, y, lse, g, gscale, tile_max, d_weight, u, d_hidden, acc_lo, beta, softcap)
+    if d_hidden is not None:
+        cmean = weighted_colsum(weight) / vocab if rank_one_uniform else u  # u: an unused pointer otherwise
+        out = d_hidden if d_hidden.dtype == hidden.dtype else torch.empty_like(hidden, memory_format=torch.contiguous_format)
+        if n > 0:
+            _finalize_de_kernel[(triton.cdiv(n, 32), triton.cdiv(d, 128))](
+                d_hidden, acc_lo, out, weight, y, a, beta * g, cmean, n, d, *weight.stride(),
+                BLOCK_R=32, BLOCK_D=128, SPLIT_ACC=split_acc, HAS_UNIFORM=rank_one_uniform,
+            )
+        d_hidden = out
+    if d_weight is not None and n > 0:
+        order, seg, uniq = _target_segments(y)
+        if uniq.numel() > 0:
+            _target_dc_kernel[(triton.cdiv(uniq.numel(), 16), triton.cdiv(d, 128))](
+                d_weight, hidden, a, order, seg, uniq, uniq.numel(), d, *hidden.stride(), *d_weight.stride(),
+                BLOCK_U=16, BLOCK_D=128,
+            )
+    return d_hidden, d_weight
+
+
+def _softmax_part(
+    hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+    gscale: torch.Tensor, tile_max: torch.Tensor, d_weight: torch.Tensor | None, u: torch.Tensor,
+    acc: torch.Tensor | None, acc_lo: torch.Tensor | None, beta: float, softcap: float | None,
+) -> None:
+    """dC = u + (softmax part)^T E (written per active tile) and acc += (softmax part) C, chunk by chunk of the
+    vocabulary; chunks without an active tile are skipped, fully active ones run the unmasked kernels."""
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    ft, bt = forward.TILES, TILES
+    dense_uniform = softcap is not None and beta > 0.0
+    active = torch.ones_like(tile_max, dtype=torch.bool) if dense_uniform else active_tiles(tile_max, lse, g, vocab)
+    active_cpu = active.cpu()
+    active_i8 = active.to(torch.int8)
+    num_vtiles = tile_max.shape[1]
+    padded_n = triton.cdiv(n, ft.block_n) * ft.block_n
+    chunk_vocab = max(1, bt.dz_elements // (padded_n * ft.block_v)) * ft.block_v
+    chunk_vocab = min(chunk_vocab, num_vtiles * ft.block_v)
+    dz = torch.empty(padded_n, chunk_vocab, dtype=hidden.dtype, device=hidden.device)
+    flags = dot_flags(hidden.dtype)
+    d_tiles = triton.cdiv(d, bt.gemm_d)
+    dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
+    for c0 in range(0, vocab, chunk_vocab):
+        vc = min(chunk_vocab, vocab - c0)
+        vt0, vt1 = c0 // ft.block_v, triton.cdiv(c0 + vc, ft.block_v)
+        block = active_cpu[:, vt0:vt1]
+        if not bool(block.any()):
+            continue
+        masked = not bool(block.all())
+        _dz_kernel[(active_cpu.shape[0] * (vt1 - vt0),)](
+            hidden, weight, y, lse, g, gscale, active_i8, dz,
+            n, vocab, d, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
+            beta / vocab, softcap or 1.0,
+            BLOCK_N=ft.block_n, BLOCK_V=ft.block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
+            MASKED=masked, HAS_SOFTCAP=softcap is not None, DENSE_UNIFORM=dense_uniform,
+            num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
+        )
+        n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None else 0
+        n_de = triton.cdiv(n, bt.gemm_m) * d_tiles if acc is not None else 0
+        _grad_gemm_kernel[(n_dc + n_de,)](
+            dz, hidden, weight, dc[0], u, acc if acc is not None else dz, acc_lo if acc_lo is not None else dz,
+            active_i8, gscale,
+            n, vocab, d, c0, vc, dz.stride(0), *hidden.stride(), *weight.stride(), *dc[1:], num_vtiles, n_dc,
+            BLOCK_M=bt.gemm_m, BLOCK_D=bt.gemm_d, BLOCK_K=bt.gemm_k, MASK_N=ft.block_n, MASK_V=ft.block_v,
+            MASKED=masked, SPLIT_ACC=acc is not None and acc is not acc_lo,
+            num_warps=bt.gemm_warps, num_stages=bt.gemm_stages, **flags,
+        )

@@ -1,0 +1,162 @@
+"""Triton forward: per-token LSE, target logit and logit sum without materialising the (N, V) logits.
+
+For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s * tanh(. / s) with softcap):
+- `_lse_forward_kernel`: program (row block, vocabulary split) walks its vocabulary tiles and keeps the online
+  max m and sum s = sum exp(z - m) over v != y, plus sum_v z_iv (all v). It also stores, per (row block, tile),
+  the largest non-target logit of the tile's valid rows: the backward's gradient filter reads it.
+- `_target_logit_kernel`: z_iy, one dot product per token.
+- `triton_forward` combines the splits: LSE_i = logaddexp(m + log s, z_iy) and
+  loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._tl_utils import dot_flags, logits_tile, softcap_fn
+
+
+@dataclass(frozen=True)
+class ForwardTiles:
+    block_n: int = 128  # rows per tile; also the row granularity of the gradient filter
+    block_v: int = 256  # vocabulary entries per tile; also the vocabulary granularity of the filter
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+TILES = ForwardTiles()
+
+
+@triton.jit
+def _lse_forward_kernel(
+    E, C, Y, M_out, S_out, ZSUM_out, TMAX_out,
+    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tiles_per_split, num_vtiles, softcap,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_rblocks = tl.cdiv(N, BLOCK_N)
+    rblock = pid % num_rblocks  # neighbouring programs share vocabulary tiles (L2 reuse of C)
+    split = pid // num_rblocks
+    rows = rblock * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    y = tl.load(Y + rows, mask=row_ok, other=-1)
+    rows_c = tl.minimum(rows, N - 1)
+
+    m_run = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
+    s_run = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    t_begin = split * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, num_vtiles)
+    for t in range(t_begin, t_end):
+        cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
+        col_ok = cols < V
+        z = logits_tile(
+            E, C, rows_c, tl.minimum(cols, V - 1), D, stride_en, stride_ed, stride_cv, stride_cd,
+            BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, DOT_UPCAST, DOT_PRECISION,
+        )
+        if HAS_SOFTCAP:
+            z = softcap_fn(z, softcap)
+        z_sum += tl.sum(tl.where(col_ok[None, :], z, 0.0), axis=1)
+        z = tl.where(col_ok[None, :] & (cols[None, :] != y[:, None]), z, float("-inf"))
+        t_max = tl.max(z, axis=1)
+        tl.store(TMAX_out + rblock * num_vtiles + t, tl.max(tl.where(y >= 0, t_max, float("-inf")), axis=0))
+        m_new = tl.maximum(m_run, t_max)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s_run = s_run * tl.exp(m_run - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
+        m_run = m_new
+
+    out = split * N + rows
+    tl.store(M_out + out, m_run, mask=row_ok)
+    tl.store(S_out + out, s_run, mask=row_ok)
+    tl.store(ZSUM_out + out, z_sum, mask=row_ok)
+
+
+@triton.jit
+def _target_logit_kernel(
+    E, C, Y, Z_out, N, D, stride_en, stride_ed, stride_cv, stride_cd, softcap,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < N
+    y = tl.load(Y + rows, mask=row_ok, other=-1)
+    y_c = tl.maximum(y, 0).to(tl.int64)
+    rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        ds = d0 + tl.arange(0, BLOCK_D)
+        d_ok = ds < D
+        e = tl.load(E + rows_c[:, None] * stride_en + ds[None, :] * stride_ed, mask=d_ok[None, :], other=0.0)
+        c = tl.load(C + y_c[:, None] * stride_cv + ds[None, :] * stride_cd, mask=d_ok[None, :], other=0.0)
+        acc += tl.sum(e.to(tl.float32) * c.to(tl.float32), axis=1)
+    if HAS_SOFTCAP:
+        acc = softcap_fn(acc, softcap)
+    tl.store(Z_out + rows, acc, mask=row_ok)
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors to fill (4 under the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def choose_splits(row_blocks: int, vocab_tiles: int, sms: int) -> int:
+    """Vocabulary splits minimising (waves of programs) x (tiles per program), i.e. wave quantisation."""
+    def cost(s: int) -> tuple[int, int]:
+        return math.ceil(row_blocks * s / sms) * math.ceil(vocab_tiles / s), s
+
+    return min(range(1, min(vocab_tiles, 4 * sms) + 1), key=cost)
+
+
+def triton_forward(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+    label_smoothing: float, ignore_index: int, softcap: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, tile max))."""
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+    valid = targets != ignore_index
+    y = torch.where(valid, targets, -1)
+    tl_args = dict(
+        HAS_SOFTCAP=softcap is not None, **dot_flags(hidden.dtype),
+    )
+    t = TILES
+    row_blocks, vocab_tiles = triton.cdiv(n, t.block_n), triton.cdiv(vocab, t.block_v)
+    splits = choose_splits(row_blocks, vocab_tiles, num_sms(dev))
+    tiles_per_split = triton.cdiv(vocab_tiles, splits)
+    splits = triton.cdiv(vocab_tiles, tiles_per_split)
+    m_part = torch.empty(splits, n, dtype=torch.float32, device=dev)
+    s_part, zsum_part = torch.empty_like(m_part), torch.empty_like(m_part)
+    tile_max = torch.empty(row_blocks, vocab_tiles, dtype=torch.float32, device=dev)
+    if n > 0:
+        _lse_forward_kernel[(row_blocks * splits,)](
+            hidden, weight, y, m_part, s_part, zsum_part, tile_max,
+            n, vocab, d, *hidden.stride(), *weight.stride(), tiles_per_split, vocab_tiles, softcap or 1.0,
+            BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0,
+            num_warps=t.num_warps, num_stages=t.num_stages, **tl_args,
+        )
+    z_y = torch.empty(n, dtype=torch.float32, device=dev)
+    if n > 0:
+        _target_logit_kernel[(triton.cdiv(n, 16),)](
+            hidden, weight, y, z_y, n, d, *hidden.stride(), *weight.stride(), softcap or 1.0,
+            BLOCK_R=16, BLOCK_D=128, HAS_SOFTCAP=softcap is not None,
+        )
+    # Combine the splits (all (splits, N) or (N,) tensors: O(N) memory).
+    m = m_part.amax(dim=0)
+    m_safe = torch.where(torch.isinf(m), 0.0, m)
+    lse_rest = m_safe + torch.log((s_part * torch.exp(m_part - m_safe)).sum(dim=0))
+    lse = torch.where(valid, torch.logaddexp(lse_rest, z_y), lse_rest)
+    z_sum = zsum_part.sum(dim=0)
+    loss = lse - (1.0 - label_smoothing) * z_y
+    if label_smoothing > 0.0:
+        loss = loss - (label_smoothing / vocab) * z_sum
+    loss = torch.where(valid, loss, 0.0)
+    target_prob = torch.where(valid, torch.exp(z_y - lse), float("nan"))
+    max_prob = torch.exp(torch.where(valid, torch.maximum(m, z_y), m) - lse)
+    return loss, lse, target_prob, max_prob, (lse, z_y, tile_max)

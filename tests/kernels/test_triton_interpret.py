@@ -1,0 +1,151 @@
+"""The Triton kernels under TRITON_INTERPRET=1 on small shapes, against the float64 reference.
+
+Skipped where CUDA is available: the interpreter flag is read when the kernels are defined, and the GPU tests
+(test_gpu.py) need them compiled. Tiles and chunks are shrunk so that small inputs span several of each.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
+
+from kernels import linear_cross_entropy  # noqa: E402
+from kernels import backward, forward  # noqa: E402
+from kernels.api import select_backend  # noqa: E402
+from kernels.testing import assert_accurate, loss_and_grads, make_case, truth_and_torch  # noqa: E402
+from kernels.triton_backend import BACKEND  # noqa: E402
+
+N, V, D = 300, 700, 40  # none a multiple of any block
+
+
+def _cast_rounding_to_nearest(self, src, dst_type):  # noqa: ANN001, ANN202
+    """Triton's interpreter truncates float32 -> bfloat16; the GPU rounds to nearest even. Do as the GPU."""
+    if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+        rounded = torch.from_numpy(src.data.astype(np.float32)).to(torch.bfloat16).view(torch.uint16).numpy()
+        return interpreter.TensorHandle(rounded, tl.bfloat16)
+    return _TRUNCATING_CAST(self, src, dst_type)
+
+
+_TRUNCATING_CAST = interpreter.InterpreterBuilder.cast_impl
+
+
+@pytest.fixture(autouse=True)
+def _interpret_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", _cast_rounding_to_nearest)
+    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=384 * 512))  # 512-wide chunks at N=300
+
+
+def test_dispatches_to_triton() -> None:
+    assert select_backend(torch.zeros(1, 1)) is BACKEND
+
+
+@pytest.mark.parametrize(
+    ("dtype", "beta", "reduction"),
+    [
+        (torch.float32, 0.1, "mean"),
+        (torch.bfloat16, 0.0, "mean"),
+        (torch.bfloat16, 0.1, "sum"),
+        (torch.bfloat16, 0.1, "none"),
+        (torch.float16, 0.1, "mean"),
+    ],
+)
+def test_matches_reference(dtype: torch.dtype, beta: float, reduction: str) -> None:
+    hidden, weight, targets = make_case(N, V, D, dtype, ignore_frac=0.2)
+    kw = dict(label_smoothing=beta, reduction=reduction)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+
+
+@pytest.mark.parametrize(("dtype", "beta"), [(torch.bfloat16, 0.0), (torch.bfloat16, 0.3), (torch.float32, 0.3)])
+def test_softcap(dtype: torch.dtype, beta: float) -> None:
+    """beta > 0 takes the dense exact path (uniform part inside every tile); beta = 0 filters."""
+    hidden, weight, targets = make_case(N, V, D, dtype, ignore_frac=0.1, seed=3)
+    kw = dict(label_smoothing=beta, softcap=4.0, reduction="none")
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+
+
+def _peaked_mixed(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Peaked rows, except one flat row block: chunks are then fully skipped, partly active or dense."""
+    hidden, weight, targets = make_case(N, V, 256, dtype, peaked=True, ignore_frac=0.1, seed=5)
+    hidden[128:256] *= 0.05  # flat softmax in the second row block
+    return hidden, weight, targets
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_filtering_skips_blocks_and_stays_within_bound(beta: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filtered vs unfiltered gradients differ by at most the filter's bound plus one bf16 ulp:
+    |dE_i| change <= FILTER_MASS g_i max|C|, |dC_v| change <= FILTER_MASS / V sum_i g_i max|E|."""
+    dtype = torch.bfloat16
+    hidden, weight, targets = _peaked_mixed(dtype)
+    _, lse, _, _, (_, _, tile_max) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
+    g = (targets != -100).float() / (targets != -100).sum()
+    active = backward.active_tiles(tile_max, lse, g, V)
+    assert not active[0].any() and active[1].all()
+    assert 0.0 < active.float().mean().item() < 0.5  # most blocks skipped, the flat block kept
+
+    kw = dict(label_smoothing=beta)
+    filtered = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    mass = backward.FILTER_MASS
+    monkeypatch.setattr(backward, "FILTER_MASS", 0.0)
+    dense = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    ulp = 2.0**-8
+    bound_de = mass * g.max() * weight.double().abs().max() + ulp * dense[1].abs()
+    bound_dc = mass / V * hidden.double().abs().max() + ulp * dense[2].abs()
+    assert torch.equal(filtered[0], dense[0])
+    assert ((filtered[1] - dense[1]).abs() <= bound_de).all()
+    assert ((filtered[2] - dense[2]).abs() <= bound_dc).all()
+    assert_accurate(filtered, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_single_token_even_d_and_frozen_weight(dtype: torch.dtype) -> None:
+    hidden, weight, targets = make_case(1, 300, 64, dtype, seed=7)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, label_smoothing=0.1)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, label_smoothing=0.1), dtype)
+    h = hidden.clone().requires_grad_(True)
+    linear_cross_entropy(h, weight, targets, label_smoothing=0.1).backward()
+    torch.testing.assert_close(h.grad.double(), ours[1])
+
+
+def test_non_contiguous_inputs() -> None:
+    hidden, weight, targets = make_case(N, V, D, torch.float32, ignore_frac=0.2, seed=9)
+    h_nc = torch.stack([hidden, hidden], dim=2)[..., 0]
+    w_nc = weight.T.contiguous().T
+    y_nc = torch.stack([targets, targets], dim=1)[:, 0]
+    ours = loss_and_grads(linear_cross_entropy, h_nc, w_nc, y_nc, label_smoothing=0.1)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, label_smoothing=0.1), torch.float32)
+
+
+def test_all_ignored_and_stats() -> None:
+    hidden, weight, targets = make_case(40, V, D, torch.float32, seed=11)
+    h = hidden.clone().requires_grad_(True)
+    loss = linear_cross_entropy(h, weight, torch.full_like(targets, -100), label_smoothing=0.1)
+    loss.backward()
+    assert loss.item() == 0.0 and h.grad.abs().max().item() == 0.0
+    targets[:5] = -100
+    _, stats = linear_cross_entropy(hidden, weight, targets, softcap=3.0, return_stats=True)
+    logits = 3.0 * torch.tanh(hidden.double() @ weight.double().T / 3.0)
+    probs = logits.softmax(dim=1)
+    torch.testing.assert_close(stats.lse.double(), logits.logsumexp(dim=1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats.max_prob.double(), probs.amax(dim=1), rtol=1e-5, atol=1e-6)
+    p_y = probs.gather(1, targets.clamp_min(0)[:, None]).squeeze(1)
+    torch.testing.assert_close(stats.target_prob[5:].double(), p_y[5:], rtol=1e-5, atol=1e-6)
+    assert torch.isnan(stats.target_prob[:5]).all()
+
+
+def test_beta_zero_is_plain_cross_entropy() -> None:
+    hidden, weight, targets = make_case(50, V, D, torch.float32, seed=13)
+    plain = torch.nn.functional.cross_entropy(hidden @ weight.T, targets)
+    torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets), plain)
