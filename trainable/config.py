@@ -29,14 +29,32 @@ class CustomModel:
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """Instruction data: Alpaca format from the hub or a local JSON file under the data root."""
+    """Instruction data: Alpaca, Tulu-3 SFT mixture or OpenHermes-2.5, from the hub or a local file.
 
-    dataset: str = "alpaca"  # alpaca (hub tatsu-lab/alpaca or <data_dir>/alpaca/<local_file>)
-    hub_id: str = "tatsu-lab/alpaca"
-    local_file: str = "alpaca/alpaca_5000_pr152.json"
+    ``hub_id`` and ``local_file`` left null become the dataset's defaults (``DATASETS``) on construction.
+    With a data root set, ``<root>/<local_file>`` is read: a JSON list, or JSON Lines if it ends in .jsonl,
+    of rows in the dataset's hub format; without one, the hub's train split.
+    """
+
+    DATASETS: typing.ClassVar[dict[str, tuple[str, str]]] = {  # name -> (hub id, local file under the data root)
+        "alpaca": ("tatsu-lab/alpaca", "alpaca/alpaca_5000_pr152.json"),  # {instruction, input, output}
+        "tulu3": ("allenai/tulu-3-sft-mixture", "tulu3/tulu-3-sft-mixture.jsonl"),  # {messages: [{role, content}]}
+        "openhermes": ("teknium/OpenHermes-2.5", "openhermes/openhermes2_5.json"),  # {conversations: [{from, value}]}
+    }
+
+    dataset: str = "alpaca"  # alpaca | tulu3 | openhermes
+    hub_id: str | None = None  # null: the dataset's hub id
+    local_file: str | None = None  # null: the dataset's local file
     max_examples: int | None = None  # first N examples after a seeded shuffle; None = all
     max_seq_len: int = 512
     prompt_template: str = "auto"  # auto (chat template if the tokenizer has one) | chat | plain
+
+    def __post_init__(self) -> None:
+        hub_id, local_file = self.DATASETS.get(self.dataset, (None, None))
+        if self.hub_id is None:
+            object.__setattr__(self, "hub_id", hub_id)
+        if self.local_file is None:
+            object.__setattr__(self, "local_file", local_file)
 
 
 @dataclass(frozen=True)
@@ -186,8 +204,10 @@ def _check_train(c: TrainConfig) -> list[str]:
 
 def _check_sft(c: SFTConfig) -> list[str]:
     problems = _positive("max_seq_len", c.max_seq_len) + _positive("max_examples", c.max_examples, allow_none=True)
-    if c.dataset != "alpaca":
-        problems.append(f"dataset: expected 'alpaca', got {c.dataset!r}")
+    if c.dataset not in SFTConfig.DATASETS:
+        problems.append(f"dataset: expected one of {list(SFTConfig.DATASETS)}, got {c.dataset!r}")
+    elif not c.local_file.endswith((".json", ".jsonl")):
+        problems.append(f"local_file: expected a .json or .jsonl file, got {c.local_file!r}")
     if c.prompt_template not in ("auto", "chat", "plain"):
         problems.append(f"prompt_template: expected 'auto', 'chat' or 'plain', got {c.prompt_template!r}")
     return problems

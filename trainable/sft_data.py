@@ -1,8 +1,20 @@
-"""Alpaca-format instruction data -> token ids with the loss on response tokens only.
+"""SFT data (Alpaca, Tulu-3 SFT mixture, OpenHermes-2.5) -> token ids with the loss on assistant turns only.
 
-Each example becomes ``input_ids`` and ``labels`` of equal length, where ``labels`` is -100 on prompt
-tokens (and padding) and equals ``input_ids`` on response tokens (and the closing EOS). The prompt is
-the tokenizer's chat template when it has one (``prompt_template: auto``), else Alpaca's plain template.
+Every row becomes a ``Conversation``: (role, content) turns with roles system | user | assistant. Each
+tokenised example has ``input_ids`` and ``labels`` of equal length; ``labels`` equals ``input_ids`` on the
+tokens of every assistant turn (its content and end-of-turn marker) and is -100 on everything else.
+
+``prompt_template`` picks the rendering: ``auto`` is ``chat`` when the tokenizer has a chat template, else
+``plain``.
+- chat: the template renders the conversation. Assistant turn ``i`` is the text between the rendering of
+  turns[:i] with the generation prompt and the rendering of turns[:i+1], less trailing whitespace (the
+  separator before the next turn). A template that rejects a system turn gets it folded into the first user
+  turn. The sequence ends with the last assistant turn.
+- plain: a single user -> assistant exchange gets Alpaca's prompt (Alpaca rows keep their Input block);
+  anything else is ``### System:`` / ``### User:`` / ``### Assistant:`` blocks. Assistant content + EOS is
+  labelled.
+The whole text is tokenised once and tokens are labelled by their character offsets, so the ids are those
+the tokenizer gives the rendered conversation (no per-segment tokenisation artefacts).
 """
 
 from __future__ import annotations
@@ -11,58 +23,144 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from jinja2 import TemplateError
 
 from calibration.datasource import DataSourceError, load_hub_dataset, resolve_data_dir
 from trainable.config import SFTConfig
 
 IGNORE_INDEX = -100
+ROLES = ("system", "user", "assistant")
 
 PLAIN_PROMPT = ("Below is an instruction that describes a task{with_input}. "
                 "Write a response that appropriately completes the request.\n\n"
                 "### Instruction:\n{instruction}\n\n{input_block}### Response:\n")
+PLAIN_HEADERS = {"system": "### System:\n", "user": "### User:\n", "assistant": "### Assistant:\n"}
+PLAIN_SEPARATOR = "\n\n"
+
+# dataset -> (key of the turn list, role key, content key, source role -> role); alpaca rows are parsed apart
+CHAT_FORMATS = {
+    "tulu3": ("messages", "role", "content", {"system": "system", "user": "user", "assistant": "assistant"}),
+    "openhermes": ("conversations", "from", "value", {"system": "system", "human": "user", "gpt": "assistant"}),
+}
 
 
 @dataclass(frozen=True)
-class Example:
-    """One instruction-following example."""
+class Conversation:
+    """One SFT example: (role, content) turns, a non-assistant turn first and at least one assistant turn.
 
-    instruction: str
-    input: str
-    output: str
+    ``origin`` names the row ("file: row N", "file:LINE" or "hub_id: row N") for error messages.
+    ``plain_prompt`` is set for Alpaca rows only: Alpaca's own prompt with its Input block, which the plain
+    template uses instead of one built from the user turn.
+    """
 
-
-def _parse_rows(rows: list[Any], source: str) -> list[Example]:
-    examples = []
-    for index, row in enumerate(rows):
-        if not isinstance(row, dict) or not isinstance(row.get("instruction"), str) \
-                or not isinstance(row.get("output"), str) or not isinstance(row.get("input", ""), str):
-            raise DataSourceError(f"{source}: row {index + 1} is malformed; expected an object with string "
-                                  f"'instruction', 'output' and optional 'input', got {str(row)[:120]!r}")
-        examples.append(Example(row["instruction"], row.get("input", ""), row["output"]))
-    return examples
+    turns: tuple[tuple[str, str], ...]
+    origin: str
+    plain_prompt: str | None = None
 
 
-def load_alpaca(config: SFTConfig, data_dir: str | None = None) -> list[Example]:
-    """Alpaca examples from ``<data root>/<local_file>`` when a data root is set, else from the hub."""
+def alpaca_prompt(instruction: str, input_text: str = "") -> str:
+    """Alpaca's plain prompt (text before the response) for an instruction and optional input."""
+    return PLAIN_PROMPT.format(
+        with_input=", paired with an input that provides further context" if input_text else "",
+        instruction=instruction,
+        input_block=f"### Input:\n{input_text}\n\n" if input_text else "")
+
+
+def _malformed(origin: str, dataset: str, reason: str, row: Any) -> DataSourceError:
+    expected = {
+        "alpaca": "an object with string 'instruction', 'output' and optional 'input'",
+        "tulu3": "an object with 'messages': a list of {role: system|user|assistant, content: string}",
+        "openhermes": "an object with 'conversations': a list of {from: system|human|gpt, value: string}",
+    }[dataset]
+    return DataSourceError(f"{origin} is malformed ({reason}); expected {expected}, got {str(row)[:120]!r}")
+
+
+def _alpaca_conversation(row: Any, origin: str) -> Conversation:
+    if not isinstance(row, dict) or not isinstance(row.get("instruction"), str) \
+            or not isinstance(row.get("output"), str) or not isinstance(row.get("input", ""), str):
+        raise _malformed(origin, "alpaca", "missing or non-string field", row)
+    instruction, input_text = row["instruction"], row.get("input", "")
+    user = instruction + (f"\n\n{input_text}" if input_text else "")
+    return Conversation((("user", user), ("assistant", row["output"])), origin,
+                        plain_prompt=alpaca_prompt(instruction, input_text))
+
+
+def _chat_conversation(dataset: str, row: Any, origin: str) -> Conversation:
+    list_key, role_key, content_key, role_map = CHAT_FORMATS[dataset]
+    items = row.get(list_key) if isinstance(row, dict) else None
+    if not isinstance(items, list) or not items:
+        raise _malformed(origin, dataset, f"no non-empty '{list_key}' list", row)
+    turns = []
+    for number, item in enumerate(items, 1):
+        role = role_map.get(item.get(role_key)) if isinstance(item, dict) else None
+        if role is None or not isinstance(item.get(content_key), str):
+            raise _malformed(origin, dataset, f"turn {number} is {str(item)[:60]!r}", row)
+        turns.append((role, item[content_key]))
+    if turns[0][0] == "assistant" or all(role != "assistant" for role, _ in turns):
+        raise _malformed(origin, dataset, "expected an assistant turn after a system or user turn", row)
+    return Conversation(tuple(turns), origin)
+
+
+def parse_row(dataset: str, row: Any, origin: str) -> Conversation:
+    """One raw row of ``dataset`` as a ``Conversation``; a malformed row raises a one-line DataSourceError."""
+    if dataset == "alpaca":
+        return _alpaca_conversation(row, origin)
+    return _chat_conversation(dataset, row, origin)
+
+
+def _read_local(path: Path) -> tuple[list[Any], Callable[[int], str]]:
+    """Rows of a JSON list file, or of a JSON Lines file (``.jsonl``, blank lines skipped), and their origins."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        rows, lines = [], []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataSourceError(f"{path}:{number}: malformed JSON ({exc.msg})") from None
+            lines.append(number)
+        return rows, lambda i: f"{path}:{lines[i]}"
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataSourceError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from None
+    if not isinstance(rows, list):
+        raise DataSourceError(f"{path}: expected a JSON list of examples, got {type(rows).__name__}")
+    return rows, lambda i: f"{path}: row {i + 1}"
+
+
+def _rows(config: SFTConfig, data_dir: str | None) -> tuple[Sequence[Any], Callable[[int], str]]:
+    """Raw rows (a list, or a lazily indexed hub dataset) and the origin of row ``i``."""
     root = resolve_data_dir(data_dir)
     if root is not None:
         path = root / config.local_file
         if not path.is_file():
-            raise DataSourceError(f"SFT data file {str(path)!r} does not exist; expected a JSON list of "
-                                  f"{{instruction, input, output}} under the data root {str(root)!r}")
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataSourceError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from None
-        if not isinstance(rows, list):
-            raise DataSourceError(f"{path}: expected a JSON list of examples, got {type(rows).__name__}")
-        return _parse_rows(rows, str(path))
+            raise DataSourceError(f"SFT data file {str(path)!r} does not exist; expected a {config.dataset} "
+                                  f"JSON or JSONL file under the data root {str(root)!r}")
+        return _read_local(path)
     dataset = load_hub_dataset(config.hub_id, name=None, split="train",
-                               local_hint=f"{config.local_file} (Alpaca JSON)")
-    return _parse_rows(list(dataset), config.hub_id)
+                               local_hint=f"{config.local_file} ({config.dataset} JSON or JSONL)")
+    return dataset, lambda i: f"{config.hub_id}: row {i + 1}"
+
+
+def load_conversations(config: SFTConfig, data_dir: str | None = None, seed: int | None = None) -> list[Conversation]:
+    """The configured dataset as conversations, from ``<data root>/<local_file>`` if a root is set, else the hub.
+
+    ``seed`` None: every row in source order. Otherwise the first ``config.max_examples`` rows (all if None)
+    after a shuffle seeded with ``seed``; only those rows are read and checked, so a hub mixture of a million
+    rows is not parsed whole.
+    """
+    rows, origin = _rows(config, data_dir)
+    order = list(range(len(rows)))
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+        order = order[: config.max_examples]
+    return [parse_row(config.dataset, rows[i], origin(i)) for i in order]
 
 
 def _uses_chat_template(tokenizer, template: str) -> bool:
@@ -73,36 +171,95 @@ def _uses_chat_template(tokenizer, template: str) -> bool:
     return template == "chat" or (template == "auto" and has_template)
 
 
-def prompt_text(example: Example, tokenizer, template: str) -> str:
-    """The text that precedes the response (no loss is taken on it)."""
-    if _uses_chat_template(tokenizer, template):
-        user = example.instruction + (f"\n\n{example.input}" if example.input else "")
-        return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                             add_generation_prompt=True)
-    return PLAIN_PROMPT.format(
-        with_input=", paired with an input that provides further context" if example.input else "",
-        instruction=example.instruction,
-        input_block=f"### Input:\n{example.input}\n\n" if example.input else "")
+def _render(tokenizer, turns: Sequence[tuple[str, str]], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template([{"role": role, "content": content} for role, content in turns],
+                                         tokenize=False, add_generation_prompt=generation_prompt)
 
 
-def tokenize_example(example: Example, tokenizer, template: str, max_seq_len: int) -> dict[str, list[int]]:
-    """``input_ids`` = prompt + response + EOS, truncated to ``max_seq_len``; labels mask the prompt."""
-    prompt = prompt_text(example, tokenizer, template)
+def _template_turns(conversation: Conversation, tokenizer) -> tuple[tuple[str, str], ...]:
+    """The turns as the template accepts them: a rejected leading system turn is folded into the user turn."""
+    turns = conversation.turns
+    try:
+        _render(tokenizer, turns, False)
+        return turns
+    except TemplateError as exc:
+        error = exc
+    if len(turns) > 1 and turns[0][0] == "system" and turns[1][0] == "user":
+        folded = (("user", f"{turns[0][1]}\n\n{turns[1][1]}"),) + turns[2:]
+        try:
+            _render(tokenizer, folded, False)
+            return folded
+        except TemplateError:
+            pass
+    raise ValueError(f"{conversation.origin}: expected a conversation the tokenizer's chat template accepts, "
+                     f"got the template error {str(error)[:160]!r}")
+
+
+def chat_text(conversation: Conversation, tokenizer) -> tuple[str, list[tuple[int, int]]]:
+    """(text up to the end of the last assistant turn, character spans of the assistant turns) via the template."""
+    turns = _template_turns(conversation, tokenizer)
+    last = max(i for i, (role, _) in enumerate(turns) if role == "assistant")
+    full = _render(tokenizer, turns[: last + 1], False)
+    spans = []
+    for i, (role, _) in enumerate(turns[: last + 1]):
+        if role != "assistant":
+            continue
+        prompt = _render(tokenizer, turns[:i], True)
+        upto = _render(tokenizer, turns[: i + 1], False)
+        if not (upto.startswith(prompt) and full.startswith(upto)):
+            raise ValueError(f"{conversation.origin}: expected the chat template to render each turn after the "
+                             f"earlier ones unchanged, got a different rendering at turn {i + 1}; "
+                             f"use prompt_template: plain")
+        spans.append((len(prompt), max(len(prompt), len(upto.rstrip()))))
+    return full[: spans[-1][1]], spans
+
+
+def plain_text(conversation: Conversation, eos_token: str | None) -> tuple[str, list[tuple[int, int]]]:
+    """(text, character spans of the assistant turns) in the plain template; each span ends with ``eos_token``."""
+    if not eos_token:
+        raise ValueError("expected a tokenizer with an EOS token for the plain template, got none")
+    turns = conversation.turns
+    if [role for role, _ in turns] == ["user", "assistant"]:
+        segments = [(conversation.plain_prompt or alpaca_prompt(turns[0][1]), False), (turns[1][1] + eos_token, True)]
+    else:
+        last = max(i for i, (role, _) in enumerate(turns) if role == "assistant")
+        segments = []
+        for i, (role, content) in enumerate(turns[: last + 1]):
+            head = (PLAIN_SEPARATOR if i else "") + PLAIN_HEADERS[role]
+            if role == "assistant":
+                segments += [(head, False), (content + eos_token, True)]
+            else:
+                segments.append((head + content, False))
+    text, spans = "", []
+    for piece, labelled in segments:
+        if labelled:
+            spans.append((len(text), len(text) + len(piece)))
+        text += piece
+    return text, spans
+
+
+def tokenize_conversation(conversation: Conversation, tokenizer, template: str,
+                          max_seq_len: int) -> dict[str, list[int]]:
+    """``input_ids`` of the rendered conversation truncated to ``max_seq_len``; ``labels`` keep only the tokens
+    that start inside an assistant span (needs a fast tokenizer, for character offsets)."""
     chat = _uses_chat_template(tokenizer, template)
-    prompt_ids = tokenizer(prompt, add_special_tokens=not chat)["input_ids"]
-    response_ids = tokenizer(example.output, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    input_ids = (prompt_ids + response_ids)[:max_seq_len]
-    labels = ([IGNORE_INDEX] * len(prompt_ids) + response_ids)[:max_seq_len]
-    return {"input_ids": input_ids, "labels": labels}
+    text, spans = chat_text(conversation, tokenizer) if chat else plain_text(conversation, tokenizer.eos_token)
+    encoded = tokenizer(text, add_special_tokens=not chat, truncation=True, max_length=max_seq_len,
+                        return_offsets_mapping=True)
+    labels, span = [], 0
+    for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"]):
+        while span < len(spans) and start >= spans[span][1]:
+            span += 1
+        inside = span < len(spans) and spans[span][0] <= start and end > start
+        labels.append(token if inside else IGNORE_INDEX)
+    return {"input_ids": list(encoded["input_ids"]), "labels": labels}
 
 
 def build_sft_examples(config: SFTConfig, tokenizer, seed: int, data_dir: str | None = None) -> list[dict]:
-    """Tokenised examples in a seeded order; examples with no response token left are dropped."""
-    examples = load_alpaca(config, data_dir)
-    random.Random(seed).shuffle(examples)
-    if config.max_examples is not None:
-        examples = examples[: config.max_examples]
-    tokenized = [tokenize_example(e, tokenizer, config.prompt_template, config.max_seq_len) for e in examples]
+    """Tokenised examples in a seeded order; examples with no labelled token left (after position 0) are dropped."""
+    conversations = load_conversations(config, data_dir, seed=seed)
+    tokenized = [tokenize_conversation(c, tokenizer, config.prompt_template, config.max_seq_len)
+                 for c in conversations]
     return [t for t in tokenized if any(label != IGNORE_INDEX for label in t["labels"][1:])]
 
 
