@@ -302,7 +302,7 @@ def triton_backward(
     need_hidden_grad: bool, need_weight_grad: bool,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dE, dC) of sum_i g_i loss_i; see the module docstring for the decomposition and the filter."""
-    lse, z_y, tile_max = saved
+    lse, z_y, rest_prob, tile_max = saved
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -314,7 +314,7 @@ def triton_backward(
     g = torch.where(valid, grad_loss.float(), 0.0)
     gmax = g.abs().amax() if n > 0 else g.new_zeros(())
     gscale = torch.where(gmax > 0, gmax, 1.0).reshape(1)  # dZ is stored as dz * g / gscale, in [-1, 1]
-    a = g * (torch.exp(z_y - lse) - (1.0 - beta))
+    a = g * (beta - rest_prob)  # g (p_y - (1 - beta))
     if softcap is not None:
         a = a * (1.0 - (z_y / softcap) ** 2)
     a = torch.where(valid, a, 0.0)

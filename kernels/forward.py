@@ -105,19 +105,26 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def choose_splits(row_blocks: int, vocab_tiles: int, sms: int) -> int:
-    """Vocabulary splits minimising (waves of programs) x (tiles per program), i.e. wave quantisation."""
+# Bytes of per-split partial results (max, sum, logit sum: 12 bytes per token and split) the forward may hold.
+SPLIT_BUFFER_BYTES = 1 << 20
+
+
+def choose_splits(n: int, row_blocks: int, vocab_tiles: int, sms: int) -> int:
+    """Vocabulary splits minimising (waves of programs) x (tiles per program), i.e. wave quantisation, among
+    those whose partial results fit in SPLIT_BUFFER_BYTES."""
+    most = max(1, min(vocab_tiles, SPLIT_BUFFER_BYTES // (12 * max(n, 1))))
+
     def cost(s: int) -> tuple[int, int]:
         return math.ceil(row_blocks * s / sms) * math.ceil(vocab_tiles / s), s
 
-    return min(range(1, min(vocab_tiles, 4 * sms) + 1), key=cost)
+    return min(range(1, most + 1), key=cost)
 
 
 def triton_forward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     label_smoothing: float, ignore_index: int, softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, tile max))."""
+    """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, tile max))."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -128,7 +135,7 @@ def triton_forward(
     )
     t = TILES
     row_blocks, vocab_tiles = triton.cdiv(n, t.block_n), triton.cdiv(vocab, t.block_v)
-    splits = choose_splits(row_blocks, vocab_tiles, num_sms(dev))
+    splits = choose_splits(n, row_blocks, vocab_tiles, num_sms(dev))
     tiles_per_split = triton.cdiv(vocab_tiles, splits)
     splits = triton.cdiv(vocab_tiles, tiles_per_split)
     m_part = torch.empty(splits, n, dtype=torch.float32, device=dev)
@@ -159,4 +166,5 @@ def triton_forward(
     loss = torch.where(valid, loss, 0.0)
     target_prob = torch.where(valid, torch.exp(z_y - lse), float("nan"))
     max_prob = torch.exp(torch.where(valid, torch.maximum(m, z_y), m) - lse)
-    return loss, lse, target_prob, max_prob, (lse, z_y, tile_max)
+    rest_prob = torch.exp(lse_rest - lse)  # 1 - p_y, exact even where p_y rounds to 1
+    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, tile_max)

@@ -101,7 +101,10 @@ def chunked_backward(
         e = hidden[rows].to(cdt)
         z = _chunk_logits(e, c, softcap)
         dz = torch.exp(z - lse[rows, None].to(cdt))  # p
-        dz.scatter_add_(1, safe_targets[rows, None], torch.full((z.shape[0], 1), beta - 1.0, dtype=cdt, device=z.device))
+        # Target column: p_y - (1 - beta) = beta - sum_{v != y} p_v, exact even where p_y rounds to 1.
+        y_rows = safe_targets[rows, None]
+        dz.scatter_(1, y_rows, 0.0)
+        dz.scatter_(1, y_rows, beta - dz.sum(dim=1, keepdim=True))
         if beta > 0.0:
             dz.sub_(beta / vocab)
         dz.mul_(g[rows, None])

@@ -25,20 +25,20 @@ def make_case(
     """hidden (n, dim), weight (vocab, dim), targets (n,). Random logits have std about 3; `peaked` puts each
     target row of the weight along its hidden state (CCE's trick): target logits 30, the others of order
     30 / sqrt(dim)."""
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(n, dim, generator=g, dtype=torch.float64)
-    weight = torch.randn(vocab, dim, generator=g, dtype=torch.float64) * (3.0 / dim**0.5)
-    targets = torch.randint(0, vocab, (n,), generator=g)
+    g = torch.Generator(device=device).manual_seed(seed)
+    hidden = torch.randn(n, dim, generator=g, device=device)
+    weight = torch.randn(vocab, dim, generator=g, device=device) * (3.0 / dim**0.5)
+    targets = torch.randint(0, vocab, (n,), generator=g, device=device)
     if peaked:
         if n <= vocab:  # distinct targets: no two tokens share (and so sum into) one weight row
-            targets = torch.randperm(vocab, generator=g)[:n]
+            targets = torch.randperm(vocab, generator=g, device=device)[:n]
         hidden = hidden * (dim**0.5 / hidden.norm(dim=1, keepdim=True))  # target logit exactly 30 (no collision)
         weight = weight * 0.3
         weight[targets] = 0.0
         weight.index_add_(0, targets, hidden * (30.0 / dim))
     if ignore_frac > 0.0:
-        targets[torch.rand(n, generator=g) < ignore_frac] = -100
-    return hidden.to(dtype).to(device), weight.to(dtype).to(device), targets.to(device)
+        targets[torch.rand(n, generator=g, device=device) < ignore_frac] = -100
+    return hidden.to(dtype), weight.to(dtype), targets
 
 
 def loss_and_grads(
@@ -56,6 +56,21 @@ def loss_and_grads(
     else:
         loss.backward()
     return loss.detach().double(), h.grad.double(), w.grad.double()
+
+
+def chunked_truth(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, reduction: str = "mean", **kwargs: object,
+) -> tuple[torch.Tensor, ...]:
+    """float64 truth from the chunked PyTorch path on the inputs' device: never holds N x V (large shapes)."""
+    from kernels.api import TORCH_BACKEND
+    from kernels.function import LinearCrossEntropyFunction
+
+    def fn(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor, reduction: str, label_smoothing: float = 0.0,
+           softcap: float | None = None) -> torch.Tensor:
+        loss = LinearCrossEntropyFunction.apply(h, w, y, TORCH_BACKEND, label_smoothing, -100, softcap)[0]
+        return loss.sum() / (y != -100).sum() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+
+    return loss_and_grads(fn, hidden.double(), weight.double(), targets, reduction, **kwargs)
 
 
 def truth_and_torch(

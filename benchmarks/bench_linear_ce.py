@@ -1,0 +1,242 @@
+"""Benchmark linear + (label-smoothed) cross-entropy implementations on one GPU: time and peak extra memory.
+
+Methods: torch eager (F.cross_entropy on materialised logits upcast to float32, as Hugging Face does),
+torch.compile of the same, Liger's FusedLinearCrossEntropy, Cut Cross-Entropy (beta = 0 only: no smoothing
+support) and ours (kernels.linear_cross_entropy). Inputs (bf16, no ignored tokens):
+- random: E ~ N(0, 1), C ~ N(0, 1 / D): logits ~ N(0, 1), a flat softmax (the gradient filter skips nothing).
+- peaked: CCE's trick, as kernels.testing.make_case: rows of E scaled to norm sqrt(D), distinct targets, the
+  target row of C = 30 E_i / D (target logit 30), other rows ~ N(0, 0.81 / D).
+Times are the median of --iters runs after --warmup runs (CUDA events); "fwd" runs the forward with inputs
+that require grad (as in training), "fwd+bwd" forward and backward. Memory is the peak allocated during the
+step minus what was allocated before it (inputs), so fwd+bwd includes the two gradients (1161 MiB here).
+
+Usage (repo root, GPU machine):
+    python benchmarks/bench_linear_ce.py --out results/bench_linear_ce.json
+    python benchmarks/bench_linear_ce.py --tiles          # our kernel under a few tile configurations
+    python benchmarks/bench_linear_ce.py --n 256 --vocab 1024 --dim 64 --device cpu --iters 2   # harness dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernels import backward, forward, linear_cross_entropy  # noqa: E402
+
+Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+MIB = 1 << 20
+
+
+def make_inputs(kind: str, n: int, vocab: int, dim: int, device: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """(hidden, weight, targets) in bf16 as described in the module docstring."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    hidden = torch.randn(n, dim, generator=g, device=device)
+    weight = torch.randn(vocab, dim, generator=g, device=device) / dim**0.5
+    targets = torch.randint(0, vocab, (n,), generator=g, device=device)
+    if kind == "peaked":
+        hidden *= dim**0.5 / hidden.norm(dim=1, keepdim=True)
+        targets = torch.randperm(vocab, generator=g, device=device)[:n]
+        weight *= 0.9
+        weight[targets] = hidden * (30.0 / dim)
+    return hidden.bfloat16(), weight.bfloat16(), targets
+
+
+def _eager(beta: float) -> Loss:
+    def loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy((h @ w.T).float(), y, label_smoothing=beta)
+
+    return loss
+
+
+def methods(beta: float, device: str) -> dict[str, Loss]:
+    """Name -> loss function of (hidden, weight, targets); libraries that are missing are left out."""
+    out: dict[str, Loss] = {
+        "ours": lambda h, w, y: linear_cross_entropy(h, w, y, label_smoothing=beta),
+        "torch eager": _eager(beta),
+        "torch.compile": torch.compile(_eager(beta)),
+    }
+    if device == "cuda":
+        try:
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+            liger = LigerFusedLinearCrossEntropyLoss(label_smoothing=beta)
+            out["Liger FLCE"] = lambda h, w, y: liger(w, h, y)
+        except ImportError as e:
+            print(f"Liger not available: {e}")
+        if beta == 0.0:
+            try:
+                from cut_cross_entropy import linear_cross_entropy as cce
+
+                out["CCE"] = lambda h, w, y: cce(h, w, y)
+            except ImportError as e:
+                print(f"CCE not available: {e}")
+    return out
+
+
+class Timer:
+    """Milliseconds of fn() with CUDA events (wall clock on CPU)."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device == "cuda"
+
+    def __call__(self, fn: Callable[[], None]) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        t0 = datetime.datetime.now()
+        fn()
+        return (datetime.datetime.now() - t0).total_seconds() * 1e3
+
+
+def peak_extra_mib(fn: Callable[[], None], device: str) -> float | None:
+    """Peak memory allocated while running fn, beyond what was allocated before (None off CUDA)."""
+    if device != "cuda":
+        fn()
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / MIB
+
+
+def measure(loss_fn: Loss, inputs: tuple[torch.Tensor, ...], device: str, warmup: int, iters: int) -> dict:
+    hidden, weight, targets = (t.detach() for t in inputs)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    timer = Timer(device)
+
+    def fwd() -> None:
+        loss_fn(hidden, weight, targets)
+
+    def fwd_bwd() -> None:
+        hidden.grad = weight.grad = None
+        loss_fn(hidden, weight, targets).backward()
+
+    row = {}
+    for name, step in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+        for _ in range(warmup):
+            step()
+        hidden.grad = weight.grad = None
+        row[f"{name} MiB"] = peak_extra_mib(step, device)
+        hidden.grad = weight.grad = None
+        row[f"{name} ms"] = statistics.median(timer(step) for _ in range(iters))
+    hidden.grad = weight.grad = None
+    return row
+
+
+def environment(device: str) -> dict:
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    import triton
+
+    return {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "git": rev,
+        "forward_tiles": dataclasses.asdict(forward.TILES),
+        "backward_tiles": dataclasses.asdict(backward.TILES),
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    def fmt(v: object) -> str:
+        return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
+
+    cols = ["method", "input", "beta", "fwd ms", "fwd+bwd ms", "fwd MiB", "fwd+bwd MiB"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(fmt(r.get(c, r.get("error"))) for c in cols) + " |")
+
+
+def run_all(args: argparse.Namespace) -> list[dict]:
+    rows: list[dict] = []
+    for kind in ("random", "peaked"):
+        inputs = make_inputs(kind, args.n, args.vocab, args.dim, args.device)
+        for beta in (0.0, 0.1):
+            for name, fn in methods(beta, args.device).items():
+                if args.only and name not in args.only:
+                    continue
+                row = {"method": name, "input": kind, "beta": beta}
+                try:
+                    row.update(measure(fn, inputs, args.device, args.warmup, args.iters))
+                except Exception as e:  # noqa: BLE001 - an OOM or a library failure is a result too
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
+                write(args.out, rows, args)
+        del inputs
+    return rows
+
+
+def run_tiles(args: argparse.Namespace) -> list[dict]:
+    """Our kernel (beta = 0.1, random inputs) under a few forward / backward tile configurations."""
+    configs = [
+        (forward.ForwardTiles(), backward.BackwardTiles()),
+        (forward.ForwardTiles(num_stages=4), backward.BackwardTiles(gemm_warps=4, gemm_stages=4)),
+        (forward.ForwardTiles(block_v=128, num_stages=4), backward.BackwardTiles(gemm_d=256)),
+        (forward.ForwardTiles(num_warps=4, num_stages=4), backward.BackwardTiles(gemm_k=32, gemm_stages=5)),
+    ]
+    inputs = make_inputs("random", args.n, args.vocab, args.dim, args.device)
+    rows = []
+    for ft, bt in configs:
+        forward.TILES, backward.TILES = ft, bt
+        row = {"forward_tiles": dataclasses.asdict(ft), "backward_tiles": dataclasses.asdict(bt)}
+        try:
+            row.update(measure(methods(0.1, args.device)["ours"], inputs, args.device, args.warmup, args.iters))
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        write(args.out, rows, args)
+    return rows
+
+
+def write(path: str | None, rows: list[dict], args: argparse.Namespace) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        shape = {"n": args.n, "vocab": args.vocab, "dim": args.dim, "dtype": "bfloat16"}
+        timing = {"warmup": args.warmup, "iters": args.iters, "statistic": "median"}
+        Path(path).write_text(json.dumps({**environment(args.device), **shape, **timing, "rows": rows}, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--vocab", type=int, default=256000)
+    p.add_argument("--dim", type=int, default=2304)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--only", nargs="*", help="method names to run (default: all)")
+    p.add_argument("--tiles", action="store_true", help="compare tile configurations of our kernel instead")
+    p.add_argument("--out", help="JSON file to write (rewritten after every row)")
+    args = p.parse_args()
+    rows = run_tiles(args) if args.tiles else run_all(args)
+    if not args.tiles:
+        print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

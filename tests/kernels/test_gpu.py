@@ -1,0 +1,74 @@
+"""The Triton kernels on CUDA: the paper's shape (N=8192, V=256000, D=2304, bf16) against a float64 truth,
+and the other dtypes, softcap and odd sizes at a moderate shape. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before the kernels are defined: the interpreter tests define them on CPU
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+from kernels import backward, forward, linear_cross_entropy  # noqa: E402
+from kernels.reference import reference_cross_entropy  # noqa: E402
+from kernels.testing import assert_accurate, chunked_truth, loss_and_grads, make_case, truth_and_torch  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+N, V, D = 8192, 256000, 2304
+
+
+def _torch_bf16(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, **kw: object) -> tuple:
+    return loss_and_grads(
+        lambda h, w, y, **k: reference_cross_entropy(h, w, y, dtype=torch.bfloat16, **k), hidden, weight, targets, **kw
+    )
+
+
+@pytest.mark.parametrize("peaked", [False, True])
+def test_paper_shape(peaked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random inputs (nothing filtered) and peaked ones (nearly every block filtered), beta = 0.1, 5% ignored.
+    For peaked inputs the filtered gradients must also stay within the filter's bound of the unfiltered ones."""
+    hidden, weight, targets = make_case(N, V, D, torch.bfloat16, peaked=peaked, ignore_frac=0.05, device="cuda")
+    kw = dict(label_smoothing=0.1)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    truth = chunked_truth(hidden, weight, targets, **kw)
+    assert_accurate(ours, truth, _torch_bf16(hidden, weight, targets, **kw), torch.bfloat16)
+    if not peaked:
+        return
+    _, lse, _, _, (*_, tile_max) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None)
+    g = (targets != -100).float() / (targets != -100).sum()
+    assert backward.active_tiles(tile_max, lse, g, V).float().mean().item() < 0.01
+    mass = backward.FILTER_MASS
+    monkeypatch.setattr(backward, "FILTER_MASS", 0.0)
+    dense = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    ulp = 2.0**-8
+    assert ((ours[1] - dense[1]).abs() <= mass * g.max() * weight.double().abs().max() + ulp * dense[1].abs()).all()
+    assert ((ours[2] - dense[2]).abs() <= mass / V * hidden.double().abs().max() + ulp * dense[2].abs()).all()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "beta", "softcap", "reduction"),
+    [
+        (torch.float16, 0.1, None, "mean"),
+        (torch.float32, 0.1, None, "sum"),
+        (torch.bfloat16, 0.1, 30.0, "none"),
+        (torch.bfloat16, 0.0, 30.0, "mean"),
+        (torch.bfloat16, 0.0, None, "mean"),
+    ],
+)
+def test_moderate_shape(dtype: torch.dtype, beta: float, softcap: float | None, reduction: str) -> None:
+    """N, V, D multiples of no block; 20% ignored tokens; non-contiguous hidden."""
+    hidden, weight, targets = make_case(1000, 50000, 520, dtype, ignore_frac=0.2, seed=1, device="cuda")
+    kw = dict(label_smoothing=beta, softcap=softcap, reduction=reduction)
+    h_nc = torch.stack([hidden, hidden], dim=2)[..., 0]
+    ours = loss_and_grads(linear_cross_entropy, h_nc, weight, targets, **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+
+
+def test_single_token_and_all_ignored() -> None:
+    hidden, weight, targets = make_case(3, 50000, 512, torch.bfloat16, seed=2, device="cuda")
+    one = loss_and_grads(linear_cross_entropy, hidden[:1], weight, targets[:1], label_smoothing=0.1)
+    assert_accurate(one, *truth_and_torch(hidden[:1], weight, targets[:1], label_smoothing=0.1), torch.bfloat16)
+    h = hidden.clone().requires_grad_(True)
+    loss = linear_cross_entropy(h, weight, torch.full_like(targets, -100), label_smoothing=0.1)
+    loss.backward()
+    assert loss.item() == 0.0 and h.grad.abs().max().item() == 0.0
