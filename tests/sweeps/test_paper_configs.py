@@ -21,5 +21,6 @@ def test_paper_config_is_the_144_point_grid_at_batch_128(dataset):
     train = sweep.train
     for family in FAMILIES:  # the batch DeepSpeed gets: micro x accumulation x data-parallel workers
         assert train.micro_batch_size * train.gradient_accumulation_steps * workers_for(sweep, family) == 128
-    assert (train.dropout, train.precision, train.zero_stage, train.epochs, train.max_steps) == (0.1, "bf16", 3, 1.0, None)
+    assert (train.dropout, train.precision, train.zero_stage) == (0.1, "bf16", 3)
+    assert (train.epochs, train.max_steps) == (1.0, None)
     assert sweep.eval.limit is None and set(sweep.eval.tasks) == {"mmlu", "arc_easy", "hellaswag"}
