@@ -85,7 +85,7 @@ class TrainConfig:
 class EvalConfig:
     """Calibration scoring after training."""
 
-    tasks: tuple[str, ...] = ("mmlu", "arc_easy", "hellaswag")
+    tasks: tuple[str, ...] = ("mmlu", "arc_easy", "hellaswag")  # [] trains without scoring (benchmarks)
     limit: int | None = None  # first K questions of each task; None = all
     batch_size: int = 8
     n_bins: int = 15

@@ -130,13 +130,16 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     train_s = time.time() - train_started
 
     eval_started = time.time()
-    engine.eval()
-    result = evaluate_model(model, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
-                            limit=trial.eval.limit, batch_size=trial.eval.batch_size, n_bins=trial.eval.n_bins,
-                            heldout=trial.eval.temperature_scaling, progress=rank == 0)
+    summary: dict[str, dict[str, float]] = {}
+    if trial.eval.tasks:
+        engine.eval()
+        result = evaluate_model(model, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
+                                limit=trial.eval.limit, batch_size=trial.eval.batch_size, n_bins=trial.eval.n_bins,
+                                heldout=trial.eval.temperature_scaling, progress=rank == 0)
+        summary = result.summary
+        if rank == 0:
+            write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
     eval_s = time.time() - eval_started
-    if rank == 0:
-        write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
 
     final: dict[str, Any] = {
         "phase": "done", "step": total_steps, "total_steps": total_steps,
@@ -148,7 +151,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         "wall_load_s": load_s, "wall_train_s": train_s, "wall_eval_s": eval_s,
         "wall_total_s": time.time() - started,
     }
-    for task, metrics in result.summary.items():
+    for task, metrics in summary.items():
         final.update({f"{task}_{name}": float(value) for name, value in metrics.items()})
     report(final)
     return final
