@@ -1,12 +1,12 @@
 """The Triton kernels under TRITON_INTERPRET=1 on small shapes, against the float64 reference.
 
-Skipped where CUDA is available (the GPU tests need the kernels compiled; Triton reads the interpreter flag
-when a kernel is defined). Tiles and chunks are shrunk so that small inputs span several of each.
+Skipped where CUDA is available (the GPU tests need the kernels compiled). Triton reads the interpreter flag
+when a kernel, its own library functions included, is defined: this module sets it before importing triton.
+Chunks are shrunk so that small inputs span several of them.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -16,10 +16,10 @@ import torch
 
 if torch.cuda.is_available():
     pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    # Triton's own library functions were defined compiled; interpreted kernels cannot call them.
+    raise RuntimeError("triton was imported before TRITON_INTERPRET=1; run: TRITON_INTERPRET=1 pytest tests/kernels")
 os.environ["TRITON_INTERPRET"] = "1"
-for _name in ("kernels._tl_utils", "kernels.forward", "kernels.backward", "kernels.triton_backend"):
-    if _name in sys.modules:  # defined earlier for the GPU: define them again, interpreted
-        importlib.reload(sys.modules[_name])
 
 import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
