@@ -6,19 +6,23 @@
 
 lm-eval reads the local files through task YAMLs with ``dataset_path: json`` written here (its default
 ``arc_easy`` and ``hellaswag`` templates, its own HellaSwag preprocessing), scores the first ``limit`` questions
-(``--limit``), and we score the same questions with ``evaluate_model``. Reported: acc and acc_norm of both,
+(``--limit``, per MMLU subject), and we score the same questions with ``evaluate_model``; MMLU subjects use
+lm-eval's own default MMLU template with only the data source swapped (``calsweep_mmlu_<subject>``). Reported: acc and acc_norm of both,
 the largest per-choice log-likelihood difference and the number of questions whose prediction differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from calibration.task_config import TASKS, TaskConfig
 
 ARC_YAML = """task: calsweep_arc_easy
 dataset_path: json
@@ -53,16 +57,62 @@ metric_list:
 
 HELLASWAG_UTILS = "from lm_eval.tasks.hellaswag.utils import process_docs  # lm-eval's own preprocessing\n"
 
-OURS = {"calsweep_arc_easy": "arc_easy", "calsweep_hellaswag": "hellaswag"}
+MMLU_YAML = """include: {template}
+task: calsweep_mmlu_{subject}
+custom_dataset: !function calsweep_mmlu_utils.load_subject
+dataset_kwargs:
+  subject: {subject}
+  data_dir: {data_dir}
+description: "The following are multiple choice questions (with answers) about {words}.\\n\\n"
+num_fewshot: 5
+"""
+
+MMLU_UTILS = '''"""Local Hendrycks CSVs as cais/mmlu rows, read by datasets' csv builder (not calsweep's reader)."""
+import datasets
+
+COLUMNS = ["question", "A", "B", "C", "D", "answer"]
 
 
-def write_task_yamls(directory: Path, data_dir: Path) -> Path:
-    """lm-eval task files for the local ARC-Easy test and HellaSwag val copies under ``data_dir``."""
+def load_subject(subject, data_dir, **metadata):
+    files = {split: f"{data_dir}/mmlu/{split}/{subject}_{split}.csv" for split in ("dev", "test")}
+    raw = datasets.load_dataset("csv", data_files=files, column_names=COLUMNS, keep_default_na=False,
+                                features=datasets.Features({c: datasets.Value("string") for c in COLUMNS}))
+    return raw.map(lambda r: {"subject": subject, "choices": [r["A"], r["B"], r["C"], r["D"]],
+                              "answer": "ABCD".index(r["answer"].strip())}, remove_columns=COLUMNS[1:])
+'''
+
+OURS = {"calsweep_arc_easy": TASKS["arc_easy"], "calsweep_hellaswag": TASKS["hellaswag"]}
+
+
+def write_task_yamls(directory: Path, data_dir: Path, mmlu_subjects: Sequence[str] = ()) -> Path:
+    """lm-eval task files for the local ARC-Easy test, HellaSwag val and MMLU subject copies under ``data_dir``.
+
+    MMLU tasks include lm-eval's own ``mmlu/default/_default_template_yaml`` and only swap the data source.
+    """
+    import lm_eval
+
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "calsweep_arc_easy.yaml").write_text(ARC_YAML.format(data_dir=data_dir.resolve()))
-    (directory / "calsweep_hellaswag.yaml").write_text(HELLASWAG_YAML.format(data_dir=data_dir.resolve()))
+    root = data_dir.resolve()
+    (directory / "calsweep_arc_easy.yaml").write_text(ARC_YAML.format(data_dir=root))
+    (directory / "calsweep_hellaswag.yaml").write_text(HELLASWAG_YAML.format(data_dir=root))
     (directory / "calsweep_hellaswag_utils.py").write_text(HELLASWAG_UTILS)
+    (directory / "calsweep_mmlu_utils.py").write_text(MMLU_UTILS)
+    template = Path(lm_eval.__file__).parent / "tasks" / "mmlu" / "default" / "_default_template_yaml"
+    for subject in mmlu_subjects:
+        (directory / f"calsweep_mmlu_{subject}.yaml").write_text(MMLU_YAML.format(
+            template=template, subject=subject, data_dir=root, words=subject.replace("_", " ")))
     return directory
+
+
+def our_task(lm_eval_task: str) -> TaskConfig:
+    """Our task config for one of the lm-eval tasks written by ``write_task_yamls``."""
+    if lm_eval_task.startswith("calsweep_mmlu_"):
+        subject = lm_eval_task.removeprefix("calsweep_mmlu_")
+        return dataclasses.replace(TASKS["mmlu"], name=lm_eval_task, subjects=(subject,))
+    if lm_eval_task not in OURS:
+        raise ValueError(f"expected calsweep_arc_easy, calsweep_hellaswag or calsweep_mmlu_<subject>, "
+                         f"got {lm_eval_task!r}")
+    return OURS[lm_eval_task]
 
 
 def run_lm_eval(model_path: str, tasks: Sequence[str], include_path: Path, *, limit: int | None,
@@ -110,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m calibration.agreement", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a local Hugging Face model directory both tools load")
     parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--tasks", default="calsweep_arc_easy,calsweep_hellaswag")
+    parser.add_argument("--tasks", default="calsweep_arc_easy,calsweep_hellaswag",
+                        help="comma list of calsweep_arc_easy, calsweep_hellaswag, calsweep_mmlu_<subject>")
     parser.add_argument("--limit", type=int, default=500, help="first N questions of each task")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--device", default="cpu")
@@ -121,18 +172,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     tasks = [t for t in args.tasks.split(",") if t]
     timings = {}
     started = time.time()
-    theirs = run_lm_eval(args.model, tasks, write_task_yamls(out / "lm_eval_tasks", Path(args.data_dir)),
-                         limit=args.limit, batch_size=args.batch_size, device=args.device)
+    subjects = [t.removeprefix("calsweep_mmlu_") for t in tasks if t.startswith("calsweep_mmlu_")]
+    include = write_task_yamls(out / "lm_eval_tasks", Path(args.data_dir), subjects)
+    theirs = run_lm_eval(args.model, tasks, include, limit=args.limit, batch_size=args.batch_size, device=args.device)
     timings["lm_eval_seconds"] = round(time.time() - started, 1)
     model, tokenizer = load_pretrained(args.model, device=args.device)
     started = time.time()
-    result = evaluate_model(model, tokenizer, [OURS[t] for t in tasks], data_dir=args.data_dir, limit=args.limit,
-                            batch_size=args.batch_size)
+    result = evaluate_model(model, tokenizer, [our_task(t) for t in tasks], data_dir=args.data_dir,
+                            limit=args.limit, batch_size=args.batch_size)
     timings["ours_seconds"] = round(time.time() - started, 1)
     report: dict[str, Any] = {"model": args.model, "limit": args.limit, "date": time.strftime("%Y-%m-%d"),
                               **timings, "tasks": {}}
     for task in tasks:
-        report["tasks"][task] = compare(theirs[task], [r for r in result.records.to_pylist() if r["task"] == OURS[task]])
+        ours = [r for r in result.records.to_pylist() if r["task"] == our_task(task).name]
+        report["tasks"][task] = compare(theirs[task], ours)
     (out / "agreement.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     return report
