@@ -8,8 +8,8 @@ tokens of every assistant turn (its content and end-of-turn marker) and is -100 
 ``plain``.
 - chat: the template renders the conversation. Assistant turn ``i`` is the text between the rendering of
   turns[:i] with the generation prompt and the rendering of turns[:i+1], less trailing whitespace (the
-  separator before the next turn). A template that rejects a system turn gets it folded into the first user
-  turn. The sequence ends with the last assistant turn.
+  separator before the next turn). A template that rejects a leading system turn, or moves it as turns are
+  added, gets it folded into the first user turn. The sequence ends with the last assistant turn.
 - plain: a single user -> assistant exchange gets Alpaca's prompt (Alpaca rows keep their Input block);
   anything else is ``### System:`` / ``### User:`` / ``### Assistant:`` blocks. Assistant content + EOS is
   labelled.
@@ -176,28 +176,9 @@ def _render(tokenizer, turns: Sequence[tuple[str, str]], generation_prompt: bool
                                          tokenize=False, add_generation_prompt=generation_prompt)
 
 
-def _template_turns(conversation: Conversation, tokenizer) -> tuple[tuple[str, str], ...]:
-    """The turns as the template accepts them: a rejected leading system turn is folded into the user turn."""
-    turns = conversation.turns
-    try:
-        _render(tokenizer, turns, False)
-        return turns
-    except TemplateError as exc:
-        error = exc
-    if len(turns) > 1 and turns[0][0] == "system" and turns[1][0] == "user":
-        folded = (("user", f"{turns[0][1]}\n\n{turns[1][1]}"),) + turns[2:]
-        try:
-            _render(tokenizer, folded, False)
-            return folded
-        except TemplateError:
-            pass
-    raise ValueError(f"{conversation.origin}: expected a conversation the tokenizer's chat template accepts, "
-                     f"got the template error {str(error)[:160]!r}")
-
-
-def chat_text(conversation: Conversation, tokenizer) -> tuple[str, list[tuple[int, int]]]:
-    """(text up to the end of the last assistant turn, character spans of the assistant turns) via the template."""
-    turns = _template_turns(conversation, tokenizer)
+def _chat_spans(turns: tuple[tuple[str, str], ...], tokenizer) -> tuple[str, list[tuple[int, int]]] | None:
+    """(text, assistant spans) of ``turns`` via the template; None if a longer conversation re-renders earlier
+    turns differently (then no prefix marks where an assistant turn starts)."""
     last = max(i for i, (role, _) in enumerate(turns) if role == "assistant")
     full = _render(tokenizer, turns[: last + 1], False)
     spans = []
@@ -207,11 +188,33 @@ def chat_text(conversation: Conversation, tokenizer) -> tuple[str, list[tuple[in
         prompt = _render(tokenizer, turns[:i], True)
         upto = _render(tokenizer, turns[: i + 1], False)
         if not (upto.startswith(prompt) and full.startswith(upto)):
-            raise ValueError(f"{conversation.origin}: expected the chat template to render each turn after the "
-                             f"earlier ones unchanged, got a different rendering at turn {i + 1}; "
-                             f"use prompt_template: plain")
+            return None
         spans.append((len(prompt), max(len(prompt), len(upto.rstrip()))))
     return full[: spans[-1][1]], spans
+
+
+def chat_text(conversation: Conversation, tokenizer) -> tuple[str, list[tuple[int, int]]]:
+    """(text up to the end of the last assistant turn, character spans of the assistant turns) via the template.
+
+    A template that rejects a leading system turn (Gemma) or moves it as the conversation grows (Mistral) gets
+    the conversation with the system content folded into the first user turn instead.
+    """
+    turns = conversation.turns
+    candidates = [turns]
+    if len(turns) > 1 and turns[0][0] == "system" and turns[1][0] == "user":
+        candidates.append((("user", f"{turns[0][1]}\n\n{turns[1][1]}"),) + turns[2:])
+    problem = ""
+    for candidate in candidates:
+        try:
+            rendered = _chat_spans(candidate, tokenizer)
+        except TemplateError as exc:
+            problem = f"the template error {str(exc)[:160]!r}"
+            continue
+        if rendered is not None:
+            return rendered
+        problem = "earlier turns rendered differently as the conversation grows"
+    raise ValueError(f"{conversation.origin}: expected a conversation the chat template renders turn by turn, "
+                     f"got {problem}; use prompt_template: plain")
 
 
 def plain_text(conversation: Conversation, eos_token: str | None) -> tuple[str, list[tuple[int, int]]]:

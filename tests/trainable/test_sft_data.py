@@ -73,7 +73,7 @@ def test_dataset_defaults_and_validation():
     assert SFTConfig(dataset="tulu3").hub_id == "allenai/tulu-3-sft-mixture"
     assert SFTConfig(dataset="openhermes").hub_id == "teknium/OpenHermes-2.5"
     assert SFTConfig(dataset="tulu3", local_file="x/y.jsonl").local_file == "x/y.jsonl"
-    with pytest.raises(ConfigError, match=r"dataset: expected one of \['alpaca', 'tulu3', 'openhermes'\], got 'sharegpt'"):
+    with pytest.raises(ConfigError, match=r"expected one of \['alpaca', 'tulu3', 'openhermes'\], got 'sharegpt'"):
         sweep_from_dict({"sft": {"dataset": "sharegpt"}})
     with pytest.raises(ConfigError, match=r"local_file: expected a .json or .jsonl file, got 'a.parquet'"):
         sweep_from_dict({"sft": {"dataset": "tulu3", "local_file": "a.parquet"}})
@@ -147,10 +147,25 @@ def test_template_without_system_role_gets_it_folded_into_the_user_turn(smollm2_
     assert [no_system.decode(run) for run in labelled_runs(item)] == [a + "<|im_end|>" for a in ASSISTANT["tulu3"]]
 
 
+def test_template_that_moves_the_system_turn_gets_it_folded(smollm2_tokenizer):
+    # like Mistral's template: the system message goes in front of the *last* user message
+    moving = copy.deepcopy(smollm2_tokenizer)
+    moving.chat_template = (
+        "{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'user' %}"
+        "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}{%- for m in messages %}{%- if m.role == 'user' %}"
+        "<|im_start|>{% if loop.index0 == ns.last and messages[0].role == 'system' %}{{ messages[0].content }} "
+        "{% endif %}{{ m.content }}<|im_end|>{%- elif m.role == 'assistant' %} {{ m.content }}<|endoftext|>"
+        "{%- endif %}{%- endfor %}")
+    item = tokenize_conversation(parse_row("tulu3", TULU_ROWS[0], "t"), moving, "auto", 512)
+    assert moving.decode(item["input_ids"]).startswith(f"<|im_start|>{SYSTEM}\n\nWhat is 2 + 3?")
+    assert [moving.decode(run) for run in labelled_runs(item)] == [f" {a}<|endoftext|>" for a in ASSISTANT["tulu3"]]
+
+
 def test_template_that_rewrites_earlier_turns_is_refused(smollm2_tokenizer):
     unstable = copy.deepcopy(smollm2_tokenizer)
     unstable.chat_template = "{{ messages | length }}" + smollm2_tokenizer.chat_template
-    with pytest.raises(ValueError, match=r"row-x: expected the chat template to render each turn .* turn 3"):
+    with pytest.raises(ValueError, match=r"row-x: expected a conversation the chat template renders turn by turn, "
+                                         r"got earlier turns rendered differently"):
         tokenize_conversation(parse_row("tulu3", TULU_ROWS[0], "row-x"), unstable, "auto", 512)
 
 
