@@ -13,6 +13,7 @@ step minus what was allocated before it (inputs), so fwd+bwd includes the two gr
 Usage (repo root, GPU machine):
     python benchmarks/bench_linear_ce.py --out results/bench_linear_ce.json
     python benchmarks/bench_linear_ce.py --tiles          # our kernel under a few tile configurations
+    python benchmarks/bench_linear_ce.py --profile        # CUDA time per kernel of our forward + backward
     python benchmarks/bench_linear_ce.py --n 256 --vocab 1024 --dim 64 --device cpu --iters 2   # harness dry run
 """
 
@@ -192,7 +193,7 @@ def run_tiles(args: argparse.Namespace) -> list[dict]:
     """Our kernel (beta = 0.1, random inputs) under a few forward / backward tile configurations."""
     configs = [  # the GEMM tiles that compile without register spills on sm_90 (128 x 128, 8 warps)
         (forward.ForwardTiles(), backward.BackwardTiles()),
-        (forward.ForwardTiles(num_stages=4), backward.BackwardTiles(gemm_stages=4)),
+        (forward.ForwardTiles(), backward.BackwardTiles(dense_dc_cublas=False)),
         (forward.ForwardTiles(block_v=128, num_stages=4), backward.BackwardTiles(gemm_stages=4)),
     ]
     inputs = make_inputs("random", args.n, args.vocab, args.dim, args.device)
@@ -208,6 +209,23 @@ def run_tiles(args: argparse.Namespace) -> list[dict]:
         print(json.dumps(row), flush=True)
         write(args.out, rows, args)
     return rows
+
+
+def run_profile(args: argparse.Namespace) -> None:
+    """CUDA time per kernel of our forward + backward (beta = 0.1, random inputs), after a warm-up."""
+    inputs = make_inputs("random", args.n, args.vocab, args.dim, args.device)
+    hidden, weight, targets = (t.detach() for t in inputs)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    step = methods(0.1, args.device)["ours"]
+    for _ in range(args.warmup):
+        step(hidden, weight, targets).backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            hidden.grad = weight.grad = None
+            step(hidden, weight, targets).backward()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
 
 
 def write(path: str | None, rows: list[dict], args: argparse.Namespace) -> None:
@@ -228,11 +246,15 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--only", nargs="*", help="method names to run (default: all)")
     p.add_argument("--tiles", action="store_true", help="compare tile configurations of our kernel instead")
+    p.add_argument("--profile", action="store_true", help="CUDA time per kernel of our forward + backward instead")
     p.add_argument("--out", help="JSON file to write (rewritten after every row)")
     args = p.parse_args()
-    rows = run_tiles(args) if args.tiles else run_all(args)
-    if not args.tiles:
-        print_table(rows)
+    if args.profile:
+        run_profile(args)
+    elif args.tiles:
+        run_tiles(args)
+    else:
+        print_table(run_all(args))
 
 
 if __name__ == "__main__":

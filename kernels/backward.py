@@ -41,6 +41,7 @@ class BackwardTiles:
     gemm_k: int = 64
     gemm_warps: int = 8
     gemm_stages: int = 3
+    dense_dc_cublas: bool = True  # fully active chunks: dC by cuBLAS (dZ^T is an awkward operand for Triton)
 
 
 TILES = BackwardTiles()
@@ -97,7 +98,7 @@ def _dc_tile(
     tv = pid // d_tiles
     vl = tv * BLOCK_M + tl.arange(0, BLOCK_M)
     ds = (pid % d_tiles) * BLOCK_D + tl.arange(0, BLOCK_D)
-    ds_c = tl.minimum(ds, D - 1)
+    d_ok = ds < D  # a mask, not a clamp: a clamped index hides the contiguity that vectorised copies need
     ks = tl.arange(0, BLOCK_K)
     mask_col = (c0 + tv * BLOCK_M) // MASK_V
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -109,12 +110,12 @@ def _dc_tile(
         if active:
             a = tl.load(DZ + (k + ks).to(tl.int64)[:, None] * stride_dz + vl[None, :])
             rows = tl.minimum(k + ks, N - 1).to(tl.int64)
-            b = tl.load(E + rows[:, None] * stride_en + ds_c[None, :] * stride_ed)
+            b = tl.load(E + rows[:, None] * stride_en + ds[None, :] * stride_ed, mask=d_ok[None, :], other=0.0)
             acc = dot_acc(tl.trans(a), b, acc, DOT_UPCAST, DOT_PRECISION)
             n_active += 1
     if n_active > 0:
-        ok = (vl < vc)[:, None] & (ds < D)[None, :]
-        u = tl.load(U + ds, mask=ds < D, other=0.0)
+        ok = (vl < vc)[:, None] & d_ok[None, :]
+        u = tl.load(U + ds, mask=d_ok, other=0.0)
         ptrs = DC + (c0 + vl).to(tl.int64)[:, None] * stride_dcv + ds[None, :] * stride_dcd
         tl.store(ptrs, (u[None, :] + gscale * acc).to(DC.dtype.element_ty), mask=ok)
 
@@ -132,7 +133,7 @@ def _de_tile(
     tn = pid // d_tiles
     nl = tn * BLOCK_M + tl.arange(0, BLOCK_M)
     ds = (pid % d_tiles) * BLOCK_D + tl.arange(0, BLOCK_D)
-    ds_c = tl.minimum(ds, D - 1)
+    d_ok = ds < D
     ks = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     n_active = 0
@@ -143,11 +144,11 @@ def _de_tile(
         if active:
             a = tl.load(DZ + nl.to(tl.int64)[:, None] * stride_dz + (k + ks)[None, :])
             vs = tl.minimum(c0 + k + ks, V - 1).to(tl.int64)
-            b = tl.load(C + vs[:, None] * stride_cv + ds_c[None, :] * stride_cd)
+            b = tl.load(C + vs[:, None] * stride_cv + ds[None, :] * stride_cd, mask=d_ok[None, :], other=0.0)
             acc = dot_acc(a, b, acc, DOT_UPCAST, DOT_PRECISION)
             n_active += 1
     if n_active > 0:
-        ok = (nl < N)[:, None] & (ds < D)[None, :]
+        ok = (nl < N)[:, None] & d_ok[None, :]
         offs = nl.to(tl.int64)[:, None] * D + ds[None, :]
         x = tl.load(ACC + offs, mask=ok, other=0.0).to(tl.float32) + gscale * acc
         if SPLIT_ACC:
@@ -357,13 +358,14 @@ def _softmax_part(
     acc: torch.Tensor | None, acc_lo: torch.Tensor | None, beta: float, softcap: float | None,
 ) -> None:
     """dC = u + (softmax part)^T E (written per active tile) and acc += (softmax part) C, chunk by chunk of the
-    vocabulary; chunks without an active tile are skipped, fully active ones run the unmasked kernels."""
+    vocabulary; chunks without an active tile are skipped, fully active ones run the unmasked kernels (and
+    cuBLAS for dC: d_weight already holds u, so addmm_ rounds once)."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     ft, bt = forward.TILES, TILES
     dense_uniform = softcap is not None and beta > 0.0
     active = torch.ones_like(tile_max, dtype=torch.bool) if dense_uniform else active_tiles(tile_max, lse, g, vocab)
-    active_cpu = active.cpu()
+    active_cpu = active.cpu().numpy()
     active_i8 = active.to(torch.int8)
     num_vtiles = tile_max.shape[1]
     padded_n = triton.cdiv(n, ft.block_n) * ft.block_n
@@ -373,13 +375,16 @@ def _softmax_part(
     flags = dot_flags(hidden.dtype)
     d_tiles = triton.cdiv(d, bt.gemm_d)
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
+    use_cublas = d_weight is not None and bt.dense_dc_cublas
+    e_rows = hidden if hidden.stride(1) == 1 else hidden.contiguous()  # a cuBLAS operand
+    gscale_value = float(gscale) if use_cublas else 1.0
     for c0 in range(0, vocab, chunk_vocab):
         vc = min(chunk_vocab, vocab - c0)
         vt0, vt1 = c0 // ft.block_v, triton.cdiv(c0 + vc, ft.block_v)
         block = active_cpu[:, vt0:vt1]
-        if not bool(block.any()):
+        if not block.any():
             continue
-        masked = not bool(block.all())
+        masked = not block.all()
         _dz_kernel[(active_cpu.shape[0] * (vt1 - vt0),)](
             hidden, weight, y, lse, g, gscale, active_i8, dz,
             n, vocab, d, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
@@ -388,8 +393,13 @@ def _softmax_part(
             MASKED=masked, HAS_SOFTCAP=softcap is not None, DENSE_UNIFORM=dense_uniform,
             num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
         )
-        n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None else 0
+        cublas_dc = use_cublas and not masked
+        n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None and not cublas_dc else 0
         n_de = triton.cdiv(n, bt.gemm_m) * d_tiles if acc is not None else 0
+        if cublas_dc:
+            d_weight[c0 : c0 + vc].addmm_(dz[:n, :vc].T, e_rows, alpha=gscale_value)
+        if n_dc + n_de == 0:
+            continue
         _grad_gemm_kernel[(n_dc + n_de,)](
             dz, hidden, weight, dc[0], u, acc if acc is not None else dz, acc_lo if acc_lo is not None else dz,
             active_i8, gscale,

@@ -23,7 +23,7 @@ def _torch_bf16(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     )
 
 
-@pytest.mark.parametrize("peaked", [False, True])
+@pytest.mark.parametrize("peaked", [False, True], ids=["random", "peaked"])
 def test_paper_shape(peaked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Random inputs (nothing filtered) and peaked ones (nearly every block filtered), beta = 0.1, 5% ignored.
     For peaked inputs the filtered gradients must also stay within the filter's bound of the unfiltered ones."""
@@ -62,6 +62,18 @@ def test_moderate_shape(dtype: torch.dtype, beta: float, softcap: float | None, 
     h_nc = torch.stack([hidden, hidden], dim=2)[..., 0]
     ours = loss_and_grads(linear_cross_entropy, h_nc, weight, targets, **kw)
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+
+
+@pytest.mark.parametrize("dense_dc_cublas", [True, False])
+def test_mixed_filtering(dense_dc_cublas: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peaked rows and one flat row block: vocabulary chunks are skipped, partly active (masked kernels) or
+    dense (dC by cuBLAS or by the Triton GEMM)."""
+    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dense_dc_cublas=dense_dc_cublas))
+    hidden, weight, targets = make_case(1000, 50000, 512, torch.bfloat16, peaked=True, ignore_frac=0.1, device="cuda")
+    hidden[128:256] *= 0.05
+    kw = dict(label_smoothing=0.1)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), torch.bfloat16)
 
 
 def test_single_token_and_all_ignored() -> None:

@@ -72,6 +72,14 @@ def test_matches_reference(dtype: torch.dtype, beta: float, reduction: str) -> N
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
+def test_dense_chunks_with_the_triton_dc_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=384 * 512, dense_dc_cublas=False))
+    hidden, weight, targets = make_case(N, V, D, torch.bfloat16, ignore_frac=0.2, seed=4)
+    kw = dict(label_smoothing=0.1)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), torch.bfloat16)
+
+
 @pytest.mark.parametrize(("dtype", "beta"), [(torch.bfloat16, 0.0), (torch.bfloat16, 0.3), (torch.float32, 0.3)])
 def test_softcap(dtype: torch.dtype, beta: float) -> None:
     """beta > 0 takes the dense exact path (uniform part inside every tile); beta = 0 filters."""
