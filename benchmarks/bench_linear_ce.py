@@ -194,7 +194,8 @@ def run_tiles(args: argparse.Namespace) -> list[dict]:
     configs = [  # the GEMM tiles that compile without register spills on sm_90 (128 x 128, 8 warps)
         (forward.ForwardTiles(), backward.BackwardTiles()),
         (forward.ForwardTiles(), backward.BackwardTiles(dense_dc_cublas=False)),
-        (forward.ForwardTiles(block_v=128, num_stages=4), backward.BackwardTiles(gemm_stages=4)),
+        (forward.ForwardTiles(), backward.BackwardTiles(chunk_vocab=1024)),
+        (forward.ForwardTiles(), backward.BackwardTiles(gemm_stages=4)),
     ]
     inputs = make_inputs("random", args.n, args.vocab, args.dim, args.device)
     rows = []
@@ -226,6 +227,12 @@ def run_profile(args: argparse.Namespace) -> None:
             step(hidden, weight, targets).backward()
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:  # the forward alone: where its wall time goes
+        for _ in range(3):
+            step(hidden, weight, targets)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=20, max_name_column_width=60))
 
 
 def write(path: str | None, rows: list[dict], args: argparse.Namespace) -> None:

@@ -10,11 +10,11 @@ With g_i the upstream gradient, dloss_i/dz_iv = p_iv - (1 - beta)[v = y_i] - bet
 With softcap, every part is multiplied by dz/du = 1 - (z / s)^2; the uniform part is then no longer rank one,
 so with softcap and beta > 0 it is added inside every tile and nothing is filtered (exact).
 
-Memory beyond the gradients: one (N x chunk_vocab) dZ chunk in the input dtype (chunk_vocab chosen so that
-it holds about 8M elements: 16 MiB in bf16), and the dE accumulator's low half: dE is accumulated over the
-vocabulary chunks as a bf16 (hi, lo) pair whose hi half is dE itself (about 16 mantissa bits), in float32 for
-fp16/fp32 inputs (fp32: in dE itself). At N = 8192, D = 2304, bf16: 16 + 36 MiB = 4.3% of the gradients.
-dC is written once per vocabulary tile (one rounding, as in torch), plus one add for target rows.
+Memory beyond the gradients: one (chunk_rows x chunk_vocab) dZ chunk in the input dtype (8M elements: 4096 x
+2048, 16 MiB in bf16) and the dE accumulator's low half: dE is accumulated over the vocabulary chunks as a bf16
+(hi, lo) pair whose hi half is dE itself (about 16 mantissa bits); in float32 for fp16/fp32 inputs (fp32: in
+dE itself). At N = 8192, D = 2304, bf16: 16 + 36 MiB = 4.5% of the gradients. dC starts as the uniform part
+and gets one rounded add per row chunk (two at N = 8192; torch rounds once), plus one for target rows.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ FILTER_MASS = 2.0**-10
 
 @dataclass(frozen=True)
 class BackwardTiles:
-    dz_elements: int = 1 << 23  # size of the dZ chunk (N x chunk_vocab); chunk_vocab is a multiple of block_v
+    dz_elements: int = 1 << 23  # size of the dZ chunk (chunk rows x chunk_vocab)
+    chunk_vocab: int = 2048  # multiple of block_v; dE is read and written once per vocabulary chunk
     gemm_m: int = 128  # output rows of the dC / dE GEMM tiles; divides block_n and block_v
     gemm_d: int = 128
     gemm_k: int = 64
@@ -50,20 +51,21 @@ TILES = BackwardTiles()
 @triton.jit
 def _dz_kernel(
     E, C, Y, LSE, G, GSCALE, ACTIVE, DZ,
-    N, V, D, c0, vc, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v, softcap,
+    N, V, D, r0, c0, vc, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DENSE_UNIFORM: tl.constexpr,
     DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """dZ[i, v - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if softcap)."""
+    """dZ[i - r0, v - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
+    softcap) for one (BLOCK_N x BLOCK_V) tile of the chunk starting at row r0, vocabulary entry c0."""
     pid = tl.program_id(0)
     tiles_v = tl.cdiv(vc, BLOCK_V)
     tn = pid // tiles_v
     tv = pid % tiles_v
     if MASKED:
-        if tl.load(ACTIVE + tn * num_vtiles + c0 // BLOCK_V + tv) == 0:
+        if tl.load(ACTIVE + (r0 // BLOCK_N + tn) * num_vtiles + c0 // BLOCK_V + tv) == 0:
             return
-    rows = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = r0 + tn * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < N
     col_ok = cols < V
@@ -82,18 +84,18 @@ def _dz_kernel(
     dz = dz * g[:, None]
     if HAS_SOFTCAP:
         dz = dz * (1.0 - (z / softcap) * (z / softcap))
-    out = DZ + rows.to(tl.int64)[:, None] * stride_dz + (cols - c0)[None, :]
+    out = DZ + (rows - r0).to(tl.int64)[:, None] * stride_dz + (cols - c0)[None, :]
     tl.store(out, dz.to(DZ.dtype.element_ty))
 
 
 @triton.jit
 def _dc_tile(
-    pid, DZ, E, DC, U, ACTIVE, gscale, N, D, c0, vc, stride_dz, stride_en, stride_ed, stride_dcv, stride_dcd,
-    num_vtiles,
+    pid, DZ, E, DC, ACTIVE, gscale, N, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed, stride_dcv,
+    stride_dcd, num_vtiles,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
     MASK_V: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """dC[c0 + tile] = u + gscale * dZ[:, tile]^T @ E for one (BLOCK_M x BLOCK_D) tile: written once."""
+    """dC[c0 + tile] += gscale * dZ[:, tile]^T @ E[r0 : r0 + nr] for one (BLOCK_M x BLOCK_D) tile."""
     d_tiles = tl.cdiv(D, BLOCK_D)
     tv = pid // d_tiles
     vl = tv * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -103,32 +105,32 @@ def _dc_tile(
     mask_col = (c0 + tv * BLOCK_M) // MASK_V
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     n_active = 0
-    for k in range(0, N, BLOCK_K):
+    for k in range(0, nr, BLOCK_K):
         active = True
         if MASKED:
-            active = tl.load(ACTIVE + (k // MASK_N) * num_vtiles + mask_col) != 0
+            active = tl.load(ACTIVE + ((r0 + k) // MASK_N) * num_vtiles + mask_col) != 0
         if active:
             a = tl.load(DZ + (k + ks).to(tl.int64)[:, None] * stride_dz + vl[None, :])
-            rows = tl.minimum(k + ks, N - 1).to(tl.int64)
+            rows = tl.minimum(r0 + k + ks, N - 1).to(tl.int64)
             b = tl.load(E + rows[:, None] * stride_en + ds[None, :] * stride_ed, mask=d_ok[None, :], other=0.0)
             acc = dot_acc(tl.trans(a), b, acc, DOT_UPCAST, DOT_PRECISION)
             n_active += 1
     if n_active > 0:
         ok = (vl < vc)[:, None] & d_ok[None, :]
-        u = tl.load(U + ds, mask=d_ok, other=0.0)
         ptrs = DC + (c0 + vl).to(tl.int64)[:, None] * stride_dcv + ds[None, :] * stride_dcd
-        tl.store(ptrs, (u[None, :] + gscale * acc).to(DC.dtype.element_ty), mask=ok)
+        old = tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(ptrs, (old + gscale * acc).to(DC.dtype.element_ty), mask=ok)
 
 
 @triton.jit
 def _de_tile(
-    pid, DZ, C, ACC, ACC_LO, ACTIVE, gscale, V, D, c0, vc, N, stride_dz, stride_cv, stride_cd, num_vtiles,
+    pid, DZ, C, ACC, ACC_LO, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz, stride_cv, stride_cd, num_vtiles,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
     MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, DOT_UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """ACC[tile] += gscale * dZ[tile, :] @ C[c0 : c0 + vc] for one (BLOCK_M x BLOCK_D) tile. ACC is float32, or
-    with SPLIT_ACC a (hi, lo) pair of 16-bit tensors holding the sum hi + lo."""
+    """ACC[r0 + tile] += gscale * dZ[tile, :] @ C[c0 : c0 + vc] for one (BLOCK_M x BLOCK_D) tile. ACC is
+    float32, or with SPLIT_ACC a (hi, lo) pair of 16-bit tensors holding the sum hi + lo."""
     d_tiles = tl.cdiv(D, BLOCK_D)
     tn = pid // d_tiles
     nl = tn * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -140,7 +142,7 @@ def _de_tile(
     for k in range(0, vc, BLOCK_K):
         active = True
         if MASKED:
-            active = tl.load(ACTIVE + (tn * BLOCK_M // MASK_N) * num_vtiles + (c0 + k) // MASK_V) != 0
+            active = tl.load(ACTIVE + ((r0 + tn * BLOCK_M) // MASK_N) * num_vtiles + (c0 + k) // MASK_V) != 0
         if active:
             a = tl.load(DZ + nl.to(tl.int64)[:, None] * stride_dz + (k + ks)[None, :])
             vs = tl.minimum(c0 + k + ks, V - 1).to(tl.int64)
@@ -148,8 +150,8 @@ def _de_tile(
             acc = dot_acc(a, b, acc, DOT_UPCAST, DOT_PRECISION)
             n_active += 1
     if n_active > 0:
-        ok = (nl < N)[:, None] & d_ok[None, :]
-        offs = nl.to(tl.int64)[:, None] * D + ds[None, :]
+        ok = (nl < nr)[:, None] & d_ok[None, :]
+        offs = (r0 + nl).to(tl.int64)[:, None] * D + ds[None, :]
         x = tl.load(ACC + offs, mask=ok, other=0.0).to(tl.float32) + gscale * acc
         if SPLIT_ACC:
             x += tl.load(ACC_LO + offs, mask=ok, other=0.0).to(tl.float32)
@@ -162,27 +164,27 @@ def _de_tile(
 
 @triton.jit
 def _grad_gemm_kernel(
-    DZ, E, C, DC, U, ACC, ACC_LO, ACTIVE, GSCALE,
-    N, V, D, c0, vc, stride_dz, stride_en, stride_ed, stride_cv, stride_cd, stride_dcv, stride_dcd,
+    DZ, E, C, DC, ACC, ACC_LO, ACTIVE, GSCALE,
+    N, V, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed, stride_cv, stride_cd, stride_dcv, stride_dcd,
     num_vtiles, num_dc_programs,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
-    MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, HAS_DC: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """One launch for both gradient GEMMs of a vocabulary chunk: programs [0, num_dc_programs) do dC (the
-    longer reduction, over N, so they start first), the rest dE."""
+    """One launch for both gradient GEMMs of a chunk: programs [0, num_dc_programs) do dC (the longer
+    reduction, so they start first), the rest dE. Without HAS_DC (dC done elsewhere) it needs fewer registers."""
     pid = tl.program_id(0)
     gscale = tl.load(GSCALE)
-    if pid < num_dc_programs:
+    if HAS_DC and pid < num_dc_programs:
         _dc_tile(
-            pid, DZ, E, DC, U, ACTIVE, gscale, N, D, c0, vc, stride_dz, stride_en, stride_ed, stride_dcv,
+            pid, DZ, E, DC, ACTIVE, gscale, N, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed, stride_dcv,
             stride_dcd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, DOT_UPCAST, DOT_PRECISION,
         )
     else:
         _de_tile(
-            pid - num_dc_programs, DZ, C, ACC, ACC_LO, ACTIVE, gscale, V, D, c0, vc, N, stride_dz, stride_cv,
-            stride_cd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, SPLIT_ACC, DOT_UPCAST,
-            DOT_PRECISION,
+            pid - num_dc_programs, DZ, C, ACC, ACC_LO, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz,
+            stride_cv, stride_cd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, SPLIT_ACC,
+            DOT_UPCAST, DOT_PRECISION,
         )
 
 
@@ -326,16 +328,18 @@ def triton_backward(
         acc_dtype = hidden.dtype if split_acc or hidden.dtype == torch.float32 else torch.float32
         d_hidden = torch.zeros((n, d), dtype=acc_dtype, device=dev)
         acc_lo = torch.zeros_like(d_hidden) if split_acc else d_hidden
-    d_weight, u = None, torch.zeros(d, dtype=torch.float32, device=dev)
-    if need_weight_grad:
-        if rank_one_uniform:
-            u = -(beta / vocab) * weighted_colsum(hidden, g)
-        d_weight = u.to(weight.dtype).expand(vocab, d).contiguous()
+    d_weight = None
+    if need_weight_grad and rank_one_uniform:
+        d_weight = (-(beta / vocab) * weighted_colsum(hidden, g)).to(weight.dtype).expand(vocab, d).contiguous()
+    elif need_weight_grad:
+        d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     if n > 0:
-        _softmax_part(hidden, weight, y, lse, g, gscale, tile_max, d_weight, u, d_hidden, acc_lo, beta, softcap)
+        _softmax_part(hidden, weight, y, lse, g, gscale, tile_max, d_weight, d_hidden, acc_lo, beta, softcap)
     if d_hidden is not None:
-        cmean = weighted_colsum(weight) / vocab if rank_one_uniform else u  # u: an unused pointer otherwise
-        out = d_hidden if d_hidden.dtype == hidden.dtype else torch.empty_like(hidden, memory_format=torch.contiguous_format)
+        cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
+        out = d_hidden
+        if d_hidden.dtype != hidden.dtype:
+            out = torch.empty((n, d), dtype=hidden.dtype, device=dev)
         if n > 0:
             _finalize_de_kernel[(triton.cdiv(n, 32), triton.cdiv(d, 128))](
                 d_hidden, acc_lo, out, weight, y, a, beta * g, cmean, n, d, *weight.stride(),
@@ -354,12 +358,11 @@ def triton_backward(
 
 def _softmax_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-    gscale: torch.Tensor, tile_max: torch.Tensor, d_weight: torch.Tensor | None, u: torch.Tensor,
-    acc: torch.Tensor | None, acc_lo: torch.Tensor | None, beta: float, softcap: float | None,
+    gscale: torch.Tensor, tile_max: torch.Tensor, d_weight: torch.Tensor | None, acc: torch.Tensor | None,
+    acc_lo: torch.Tensor | None, beta: float, softcap: float | None,
 ) -> None:
-    """dC = u + (softmax part)^T E (written per active tile) and acc += (softmax part) C, chunk by chunk of the
-    vocabulary; chunks without an active tile are skipped, fully active ones run the unmasked kernels (and
-    cuBLAS for dC: d_weight already holds u, so addmm_ rounds once)."""
+    """dC += (softmax part)^T E and acc += (softmax part) C, chunk by chunk of rows and vocabulary. Chunks
+    without an active tile are skipped; fully active ones run the unmasked kernels, and cuBLAS for dC."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     ft, bt = forward.TILES, TILES
@@ -367,44 +370,47 @@ def _softmax_part(
     active = torch.ones_like(tile_max, dtype=torch.bool) if dense_uniform else active_tiles(tile_max, lse, g, vocab)
     active_cpu = active.cpu().numpy()
     active_i8 = active.to(torch.int8)
-    num_vtiles = tile_max.shape[1]
-    padded_n = triton.cdiv(n, ft.block_n) * ft.block_n
-    chunk_vocab = max(1, bt.dz_elements // (padded_n * ft.block_v)) * ft.block_v
-    chunk_vocab = min(chunk_vocab, num_vtiles * ft.block_v)
-    dz = torch.empty(padded_n, chunk_vocab, dtype=hidden.dtype, device=hidden.device)
+    row_blocks, num_vtiles = tile_max.shape
+    chunk_vocab = min(bt.chunk_vocab, num_vtiles * ft.block_v)
+    chunk_rows = min(row_blocks, max(1, bt.dz_elements // (chunk_vocab * ft.block_n))) * ft.block_n
+    dz = torch.empty(chunk_rows, chunk_vocab, dtype=hidden.dtype, device=hidden.device)
     flags = dot_flags(hidden.dtype)
     d_tiles = triton.cdiv(d, bt.gemm_d)
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
     use_cublas = d_weight is not None and bt.dense_dc_cublas
     e_rows = hidden if hidden.stride(1) == 1 else hidden.contiguous()  # a cuBLAS operand
     gscale_value = float(gscale) if use_cublas else 1.0
-    for c0 in range(0, vocab, chunk_vocab):
-        vc = min(chunk_vocab, vocab - c0)
-        vt0, vt1 = c0 // ft.block_v, triton.cdiv(c0 + vc, ft.block_v)
-        block = active_cpu[:, vt0:vt1]
-        if not block.any():
-            continue
-        masked = not block.all()
-        _dz_kernel[(active_cpu.shape[0] * (vt1 - vt0),)](
-            hidden, weight, y, lse, g, gscale, active_i8, dz,
-            n, vocab, d, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
-            beta / vocab, softcap or 1.0,
-            BLOCK_N=ft.block_n, BLOCK_V=ft.block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
-            MASKED=masked, HAS_SOFTCAP=softcap is not None, DENSE_UNIFORM=dense_uniform,
-            num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
-        )
-        cublas_dc = use_cublas and not masked
-        n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None and not cublas_dc else 0
-        n_de = triton.cdiv(n, bt.gemm_m) * d_tiles if acc is not None else 0
-        if cublas_dc:
-            d_weight[c0 : c0 + vc].addmm_(dz[:n, :vc].T, e_rows, alpha=gscale_value)
-        if n_dc + n_de == 0:
-            continue
-        _grad_gemm_kernel[(n_dc + n_de,)](
-            dz, hidden, weight, dc[0], u, acc if acc is not None else dz, acc_lo if acc_lo is not None else dz,
-            active_i8, gscale,
-            n, vocab, d, c0, vc, dz.stride(0), *hidden.stride(), *weight.stride(), *dc[1:], num_vtiles, n_dc,
-            BLOCK_M=bt.gemm_m, BLOCK_D=bt.gemm_d, BLOCK_K=bt.gemm_k, MASK_N=ft.block_n, MASK_V=ft.block_v,
-            MASKED=masked, SPLIT_ACC=acc is not None and acc is not acc_lo,
-            num_warps=bt.gemm_warps, num_stages=bt.gemm_stages, **flags,
-        )
+    for r0 in range(0, n, chunk_rows):
+        nr = min(chunk_rows, n - r0)
+        rb0, rb1 = r0 // ft.block_n, triton.cdiv(r0 + nr, ft.block_n)
+        for c0 in range(0, vocab, chunk_vocab):
+            vc = min(chunk_vocab, vocab - c0)
+            vt0, vt1 = c0 // ft.block_v, triton.cdiv(c0 + vc, ft.block_v)
+            block = active_cpu[rb0:rb1, vt0:vt1]
+            if not block.any():
+                continue
+            masked = not block.all()
+            _dz_kernel[((rb1 - rb0) * (vt1 - vt0),)](
+                hidden, weight, y, lse, g, gscale, active_i8, dz,
+                n, vocab, d, r0, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
+                beta / vocab, softcap or 1.0,
+                BLOCK_N=ft.block_n, BLOCK_V=ft.block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
+                MASKED=masked, HAS_SOFTCAP=softcap is not None, DENSE_UNIFORM=dense_uniform,
+                num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
+            )
+            cublas_dc = use_cublas and not masked
+            if cublas_dc:  # d_weight holds u plus earlier row chunks: addmm_ rounds once per row chunk
+                d_weight[c0 : c0 + vc].addmm_(dz[:nr, :vc].T, e_rows[r0 : r0 + nr], alpha=gscale_value)
+            n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None and not cublas_dc else 0
+            n_de = triton.cdiv(nr, bt.gemm_m) * d_tiles if acc is not None else 0
+            if n_dc + n_de == 0:
+                continue
+            _grad_gemm_kernel[(n_dc + n_de,)](
+                dz, hidden, weight, dc[0], acc if acc is not None else dz, acc_lo if acc_lo is not None else dz,
+                active_i8, gscale,
+                n, vocab, d, r0, nr, c0, vc, dz.stride(0), *hidden.stride(), *weight.stride(), *dc[1:],
+                num_vtiles, n_dc,
+                BLOCK_M=bt.gemm_m, BLOCK_D=bt.gemm_d, BLOCK_K=bt.gemm_k, MASK_N=ft.block_n, MASK_V=ft.block_v,
+                MASKED=masked, SPLIT_ACC=acc is not None and acc is not acc_lo, HAS_DC=n_dc > 0,
+                num_warps=bt.gemm_warps, num_stages=bt.gemm_stages, **flags,
+            )

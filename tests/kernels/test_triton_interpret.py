@@ -48,7 +48,8 @@ _TRUNCATING_CAST = interpreter.InterpreterBuilder.cast_impl
 def _interpret_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", _cast_rounding_to_nearest)
-    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=384 * 512))  # 512-wide chunks at N=300
+    # N = 300, V = 700: two row chunks (256 + 44 rows) by two vocabulary chunks (512 + 188)
+    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=256 * 512, chunk_vocab=512))
 
 
 def test_dispatches_to_triton() -> None:
@@ -73,7 +74,8 @@ def test_matches_reference(dtype: torch.dtype, beta: float, reduction: str) -> N
 
 
 def test_dense_chunks_with_the_triton_dc_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=384 * 512, dense_dc_cublas=False))
+    tiles = backward.BackwardTiles(dz_elements=256 * 512, chunk_vocab=512, dense_dc_cublas=False)
+    monkeypatch.setattr(backward, "TILES", tiles)
     hidden, weight, targets = make_case(N, V, D, torch.bfloat16, ignore_frac=0.2, seed=4)
     kw = dict(label_smoothing=0.1)
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
