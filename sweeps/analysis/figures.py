@@ -1,0 +1,122 @@
+"""The figures, as PNG files: ECE and its paired change against beta, Delta ECE against vocabulary and hidden
+size (the paper's Figures 3 and 5), the normalised entropy gap (Figure 4) and reliability pairs."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.image import imread  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
+
+from calibration.entropy_bound import normalised_entropy_gap  # noqa: E402
+from calibration.reliability import reliability_diagram  # noqa: E402
+from sweeps.analysis.questions import CellQuestions  # noqa: E402
+from sweeps.analysis.tables import TASK_NAMES  # noqa: E402
+
+REFERENCE_VOCABS = (32_000, 128_256, 262_144)  # Llama-2 / Mistral, Llama-3, Gemma-3
+HIDDEN_RANGE = (8, 16_384)
+
+
+def _per_task(tasks: tuple[str, ...], title: str) -> tuple[plt.Figure, list[plt.Axes]]:
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
+    fig.suptitle(title, fontsize="medium")
+    for ax, task in zip(axes[0], tasks):
+        ax.set_title(TASK_NAMES[task])
+    return fig, list(axes[0])
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _interval_lines(ax: plt.Axes, rows: pd.DataFrame, value: str) -> None:
+    """One line per family against beta, bars from ``low`` to ``high`` (a percentile interval need not hold the
+    estimate, so the bars are clipped at it); families are nudged apart along x so their bars do not overlap."""
+    families = sorted(rows["family"].unique())
+    span = float(np.ptp(rows["label_smoothing"])) if len(rows) else 0.0
+    for i, family in enumerate(families):
+        group = rows[rows["family"] == family].sort_values("label_smoothing")
+        estimate = 100 * group[value].to_numpy()
+        bars = [np.maximum(estimate - 100 * group["low"], 0), np.maximum(100 * group["high"] - estimate, 0)]
+        nudge = (i - (len(families) - 1) / 2) * 0.015 * (span or 1.0)
+        ax.errorbar(group["label_smoothing"] + nudge, estimate, yerr=bars, marker="o", capsize=3, label=family)
+
+
+def ece_against_beta(intervals: pd.DataFrame, dataset: str, tasks: tuple[str, ...], path: Path) -> Path:
+    """ECE (%) against beta per family and task, with the bootstrap interval of each point."""
+    fig, axes = _per_task(tasks, f"SFT on {dataset}: ECE at each beta (95% bootstrap interval over questions)")
+    for ax, task in zip(axes, tasks):
+        _interval_lines(ax, intervals[intervals["task"] == task], "ece")
+        ax.set(xlabel="label smoothing beta", ylabel="ECE (%)")
+    axes[0].legend(fontsize="small")
+    return _save(fig, path)
+
+
+def paired_against_beta(paired: pd.DataFrame, dataset: str, tasks: tuple[str, ...], path: Path) -> Path:
+    """ECE(beta) - ECE(0) (%) per family and task with its paired bootstrap interval; below 0: LS lowers ECE."""
+    fig, axes = _per_task(tasks, f"SFT on {dataset}: ECE(beta) - ECE(0), paired over shared questions (95%)")
+    for ax, task in zip(axes, tasks):
+        _interval_lines(ax, paired[paired["task"] == task], "delta_ece")
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set(xlabel="label smoothing beta", ylabel="Delta ECE (%)")
+    axes[0].legend(fontsize="small")
+    return _save(fig, path)
+
+
+def delta_against_size(deltas: pd.DataFrame, dataset: str, tasks: tuple[str, ...], column: str, path: Path) -> Path:
+    """Delta ECE (%) from beta = 0 to the best beta against ``column`` (vocab_size or hidden_size), one point per model."""
+    label = {"vocab_size": "vocabulary size", "hidden_size": "hidden size"}[column]
+    fig, axes = _per_task(tasks, f"SFT on {dataset}: change in ECE from beta = 0 to the best beta, by {label}")
+    for ax, task in zip(axes, tasks):
+        rows = deltas[(deltas["task"] == task) & deltas[column].notna()]
+        x, y = rows[column].astype(float).to_numpy(), 100 * rows["delta_ece"].to_numpy()
+        ax.scatter(x, y)
+        for xi, yi, family, beta in zip(x, y, rows["family"], rows["best_beta"]):
+            ax.annotate(f"{family} (beta={beta:g})", (xi, yi), fontsize="x-small", xytext=(3, 3),
+                        textcoords="offset points")
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set(xscale="log", xlabel=label, ylabel="Delta ECE (%)")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # log-axis minor labels collide
+    return _save(fig, path)
+
+
+def entropy_gap(models: pd.DataFrame, logit_std: float, path: Path) -> Path:
+    """The normalised entropy gap against hidden size for reference vocabularies and the models' own, models on it."""
+    hidden = np.geomspace(*HIDDEN_RANGE, 200)
+    vocabs = sorted(set(REFERENCE_VOCABS) | set(models["vocab_size"].astype(int)))
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    colours = {}
+    for vocab in vocabs:
+        (line,) = ax.plot(hidden, normalised_entropy_gap(hidden, vocab, logit_std), label=f"V = {vocab:,}")
+        colours[vocab] = line.get_color()
+    for model in models.itertuples():
+        gap = normalised_entropy_gap(model.hidden_size, model.vocab_size, logit_std)
+        ax.scatter(model.hidden_size, gap, color=colours[int(model.vocab_size)], edgecolor="black", zorder=3)
+        ax.annotate(model.family, (model.hidden_size, gap), fontsize="x-small", xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set(xscale="log", xlabel="hidden size d", ylabel="normalised entropy gap",
+           title=f"Entropy forced by a rank-d head (RMS centred logit sigma = {logit_std:g})")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def reliability_pair(base: CellQuestions, best: CellQuestions, best_beta: float, label: str, n_bins: int,
+                     path: Path) -> Path:
+    """``calibration.reliability`` diagrams of beta = 0 (left) and the best beta (right), side by side."""
+    with tempfile.TemporaryDirectory() as tmp:
+        halves = [reliability_diagram(cell.confidence.ravel(), cell.correct.ravel(), Path(tmp) / f"{i}.png",
+                                      n_bins=n_bins, title=f"{label}, beta = {beta:g}")
+                  for i, (cell, beta) in enumerate(((base, 0.0), (best, best_beta)))]
+        images = [imread(half) for half in halves]
+    plt.imsave(path, np.concatenate(images, axis=1))
+    return path

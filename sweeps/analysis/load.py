@@ -1,0 +1,100 @@
+"""Read the results store into pandas: the ok trials that pass ``--filter`` and their reported-split questions.
+
+A trial is the pair (run_name, trial_id), written ``run/trial`` in the ``trial`` column of both frames.
+Failed and early-stopped trials are left out and counted in the notes, so a store of an interrupted sweep
+is read like a finished one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from calibration.task_config import TASKS as TASK_CONFIGS
+from sweeps import store
+
+PAPER_TASKS = ("mmlu", "hellaswag", "arc_easy")  # the order of the paper's Table 1
+FILTER_COLUMNS = {"run": "run_name", "dataset": "sft_dataset", "family": "family", "task": None}
+QUESTION_COLUMNS = ["trial", "task", "question_id", "confidence", "correct"]
+DEFAULT_N_BINS = 15  # EvalConfig.n_bins when a row has no config_json
+
+
+@dataclass
+class Results:
+    trials: pd.DataFrame  # one row per ok trial (TRIAL_SCHEMA columns + ``trial``)
+    questions: pd.DataFrame  # QUESTION_COLUMNS, each task's reported split only
+    tasks: tuple[str, ...]  # in PAPER_TASKS order
+    n_bins: int  # the sweep's eval.n_bins, for ECE recomputed from questions
+    notes: list[str] = field(default_factory=list)  # what was left out and why
+
+
+def parse_filter(text: str | None) -> dict[str, set[str]]:
+    """``"family=a,family=b,dataset=alpaca"`` -> ``{"family": {"a", "b"}, "dataset": {"alpaca"}}`` (OR within a key)."""
+    filters: dict[str, set[str]] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or key not in FILTER_COLUMNS or not value:
+            raise ValueError(f"expected KEY=VALUE with KEY in {sorted(FILTER_COLUMNS)}, got {item.strip()!r}")
+        if key == "task" and value not in PAPER_TASKS:
+            raise ValueError(f"expected a task in {list(PAPER_TASKS)}, got {value!r}")
+        filters.setdefault(key, set()).add(value)
+    return filters
+
+
+def load_results(root: str, filters: dict[str, set[str]] | None = None) -> Results:
+    """The analysable part of the store at ``root``; an empty selection is an error, anything partial a note."""
+    filters = filters or {}
+    trials = store.read_trials(root).to_pandas()
+    if trials.empty:
+        raise ValueError(f"expected trial rows under {root}/trials, got none")
+    versions = sorted(set(trials["schema_version"]))
+    if versions != [store.SCHEMA_VERSION]:
+        raise ValueError(f"expected store schema version {store.SCHEMA_VERSION}, got {versions} in {root}")
+    trials["trial"] = trials["run_name"] + "/" + trials["trial_id"]
+    trials["sft_dataset"] = trials["sft_dataset"].fillna("unknown")
+    notes: list[str] = []
+    for key, values in filters.items():
+        if FILTER_COLUMNS[key] is None:
+            continue
+        unmatched = values - set(trials[FILTER_COLUMNS[key]])
+        if unmatched:
+            notes.append(f"filter {key}={'|'.join(sorted(unmatched))} matched no trial")
+        trials = trials[trials[FILTER_COLUMNS[key]].isin(values)]
+    not_ok = trials[trials["status"] != "ok"]
+    if len(not_ok):
+        listed = ", ".join(f"{t} ({s})" for t, s in zip(not_ok["trial"], not_ok["status"]))
+        notes.append(f"left out {len(not_ok)} trial(s) that did not finish ok: {listed}")
+    trials = trials[trials["status"] == "ok"].reset_index(drop=True)
+    if trials.empty:
+        raise ValueError(f"expected ok trials matching {filters or 'the store'}, got none ({len(not_ok)} not ok)")
+    tasks = tuple(t for t in PAPER_TASKS if t in filters.get("task", PAPER_TASKS)
+                  and trials[f"{t}_accuracy"].notna().any())
+    if not tasks:
+        raise ValueError(f"expected scored tasks among {list(PAPER_TASKS)}, got none in the selected trials")
+    return Results(trials, _questions(root, trials, tasks, notes), tasks, _n_bins(trials), notes)
+
+
+def _questions(root: str, trials: pd.DataFrame, tasks: tuple[str, ...], notes: list[str]) -> pd.DataFrame:
+    table = store.read_questions(root).select(["run_name", "trial_id", "task", "split", "question_id",
+                                               "confidence", "correct"])
+    questions = table.to_pandas()
+    questions["trial"] = questions["run_name"] + "/" + questions["trial_id"]
+    reported = questions["task"].map({t: TASK_CONFIGS[t].split for t in tasks})
+    questions = questions[questions["trial"].isin(set(trials["trial"])) & (questions["split"] == reported)]
+    missing = sorted(set(trials["trial"]) - set(questions["trial"]))
+    if missing:
+        notes.append(f"no stored questions for {len(missing)} trial(s), left out of the question-level figures "
+                     f"and intervals: {', '.join(missing)}")
+    return questions[QUESTION_COLUMNS].reset_index(drop=True)
+
+
+def _n_bins(trials: pd.DataFrame) -> int:
+    found = {json.loads(c).get("eval", {}).get("n_bins", DEFAULT_N_BINS) if isinstance(c, str) else DEFAULT_N_BINS
+             for c in trials["config_json"]}
+    if len(found) != 1:
+        raise ValueError(f"expected one eval.n_bins across the selected trials, got {sorted(found)}")
+    return int(found.pop())

@@ -1,0 +1,66 @@
+"""Which trials stand for each table row and figure point.
+
+A grid point is (SFT dataset, family, beta, lr); its metrics are means over its ok trials (seeds, runs).
+Table 1 keeps one lr per (dataset, family, beta), chosen as SELECTION says. The best beta of a (dataset,
+family, task) is the beta > 0 whose Table 1 ECE on that task is lowest, and the change in ECE is
+Delta ECE = ECE(best beta) - ECE(beta = 0), both at their selected lr.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+SELECTION = ("lr chosen per (SFT dataset, family, beta) by the highest mean accuracy over the tasks, each on its "
+             "reported split (a criterion blind to calibration; the store holds no separate validation score), ties "
+             "to the lower final train loss, then to the smaller lr; metrics are means over the n ok trials (seeds, "
+             "runs) at that lr")
+BEST_BETA = "best beta: the beta > 0 with the lowest Table 1 ECE on the task (per SFT dataset and family)"
+TABLE_METRICS = ("accuracy", "ece", "rms_ce")
+CELL = ["sft_dataset", "family", "label_smoothing"]
+MODEL_FACTS = ["vocab_size", "hidden_size", "n_params"]
+DELTA_COLUMNS = ["sft_dataset", "family", "vocab_size", "hidden_size", "task", "best_beta", "ece_beta0",
+                 "ece_best_beta", "delta_ece"]
+
+
+def grid_points(trials: pd.DataFrame, tasks: tuple[str, ...]) -> pd.DataFrame:
+    """One row per (dataset, family, beta, lr): mean metrics, ``mean_accuracy``, ``n_trials``, ``trials``, model facts."""
+    metrics = [f"{t}_{m}" for t in tasks for m in TABLE_METRICS]
+    grouped = trials.groupby(CELL + ["learning_rate"], sort=True)
+    points = grouped[metrics + ["train_loss"]].mean()
+    points["n_trials"] = grouped.size()
+    points["trials"] = grouped["trial"].agg(lambda names: ";".join(sorted(names)))
+    points = points.reset_index()
+    points["mean_accuracy"] = points[[f"{t}_accuracy" for t in tasks]].mean(axis=1)
+    facts = trials.groupby("family")[MODEL_FACTS].first().astype("Int64")  # first non-null value per family
+    return points.join(facts, on="family")
+
+
+def table_one(points: pd.DataFrame) -> pd.DataFrame:
+    """The grid point of the selected lr for each (dataset, family, beta), as SELECTION states."""
+    ranked = points.sort_values(CELL + ["mean_accuracy", "train_loss", "learning_rate"],
+                                ascending=[True, True, True, False, True, True], na_position="last")
+    return ranked.groupby(CELL, sort=True).head(1).reset_index(drop=True)
+
+
+def best_betas(table: pd.DataFrame, tasks: tuple[str, ...], notes: list[str]) -> pd.DataFrame:
+    """DELTA_COLUMNS per (dataset, family, task) that has beta = 0 and some beta > 0; what is missing goes to notes."""
+    rows = []
+    for (dataset, family), group in table.groupby(["sft_dataset", "family"], sort=True):
+        by_beta = group.set_index("label_smoothing")
+        smoothed = by_beta[by_beta.index > 0]
+        if 0.0 not in by_beta.index or smoothed.empty:
+            missing = "beta = 0" if 0.0 not in by_beta.index else "beta > 0"
+            notes.append(f"{dataset}/{family}: no {missing} trial, so no change in ECE, paired difference or "
+                         f"reliability pair (betas present: {sorted(by_beta.index)})")
+            continue
+        for task in tasks:
+            scored = smoothed[f"{task}_ece"].dropna()
+            base = by_beta.at[0.0, f"{task}_ece"]
+            if scored.empty or pd.isna(base):
+                notes.append(f"{dataset}/{family}/{task}: no ECE at beta = 0 or at any beta > 0; no change in ECE")
+                continue
+            best = scored.idxmin()
+            rows.append({"sft_dataset": dataset, "family": family, "vocab_size": group["vocab_size"].iloc[0],
+                         "hidden_size": group["hidden_size"].iloc[0], "task": task, "best_beta": best,
+                         "ece_beta0": base, "ece_best_beta": scored[best], "delta_ece": scored[best] - base})
+    return pd.DataFrame(rows, columns=DELTA_COLUMNS)
