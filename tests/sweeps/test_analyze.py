@@ -258,3 +258,16 @@ def test_store_reads_with_duckdb(synthetic_store):
                             f"where status = 'ok' and sft_dataset = 'alpaca'").fetchone()
     expected = _stored_trials(synthetic_store).query("status == 'ok' and sft_dataset == 'alpaca'")
     assert count == len(expected) and ece == pytest.approx(expected["mmlu_ece"].mean())
+
+
+def test_schema_doc_lists_every_column_and_its_queries_run(synthetic_store):
+    doc = (REPO / "docs" / "analysis.md").read_text()
+    assert f"store schema version {store.SCHEMA_VERSION}" in doc
+    for name in [*store.TRIAL_SCHEMA.names, *store.QUESTION_SCHEMA.names]:
+        assert f"`{name}`" in doc or name in store.METRIC_COLUMNS, name
+    for metric in store.TASK_METRICS:
+        assert f"`{metric}`" in doc or metric.removesuffix("_ts") in doc, metric
+    duckdb = pytest.importorskip("duckdb")
+    sql = doc.split("```sql\n")[1].split("```")[0].replace("results/", f"{synthetic_store}/")
+    for query in filter(str.strip, sql.split(";")):
+        assert len(duckdb.connect().execute(query).fetchall()) > 0
