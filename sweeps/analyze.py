@@ -1,4 +1,4 @@
-"""The paper's tables and figures from the results store: ``python sweeps/analyze.py RESULTS [--filter ...] [--out DIR]``.
+"""The paper's tables and figures from the results store: ``python sweeps/analyze.py RESULTS [--filter] [--out]``.
 
     python sweeps/analyze.py results
     python sweeps/analyze.py results --filter dataset=alpaca,family=smollm2-135m,family=gemma3-270m --out fig/
@@ -35,7 +35,8 @@ import pandas as pd  # noqa: E402
 from calibration.entropy_bound import entropy_floor, normalised_entropy_gap  # noqa: E402
 from sweeps.analysis import figures  # noqa: E402
 from sweeps.analysis.load import Results, load_results, parse_filter  # noqa: E402
-from sweeps.analysis.questions import CellKey, CellQuestions, cell_questions, ece_intervals, paired_differences  # noqa: E402,E501
+from sweeps.analysis.questions import (CellKey, CellQuestions, cell_questions, ece_intervals,  # noqa: E402
+                                       paired_differences)
 from sweeps.analysis.select import BEST_BETA, SELECTION, best_betas, grid_points, table_one  # noqa: E402
 from sweeps.analysis.tables import write_paired, write_table_one  # noqa: E402
 
@@ -150,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("--logit-std", type=float, default=1.0,
                         help="RMS centred logit sigma (nats) at which the entropy gap is drawn")
     args = parser.parse_args(argv)
-    out = Path(args.out) if args.out else (Path("analysis") if "://" in args.results else Path(args.results) / "analysis")
+    remote = "://" in args.results
+    out = Path(args.out) if args.out else Path("analysis") if remote else Path(args.results) / "analysis"
     try:
         written = analyze(args.results, parse_filter(args.filter), out, n_boot=args.n_boot, seed=args.seed,
                           logit_std=args.logit_std)

@@ -74,7 +74,7 @@ def paired_against_beta(paired: pd.DataFrame, dataset: str, tasks: tuple[str, ..
 
 
 def delta_against_size(deltas: pd.DataFrame, dataset: str, tasks: tuple[str, ...], column: str, path: Path) -> Path:
-    """Delta ECE (%) from beta = 0 to the best beta against ``column`` (vocab_size or hidden_size), one point per model."""
+    """Delta ECE (%) from beta = 0 to the best beta against ``column`` (vocab_size, hidden_size), a point per model."""
     label = {"vocab_size": "vocabulary size", "hidden_size": "hidden size"}[column]
     fig, axes = _per_task(tasks, f"SFT on {dataset}: change in ECE from beta = 0 to the best beta, by {label}")
     for ax, task in zip(axes, tasks):

@@ -39,10 +39,14 @@ def cell_questions(table: pd.DataFrame, questions: pd.DataFrame, tasks: tuple[st
     by_task = {task: rows for task, rows in questions.groupby("task")}
     for row in table.itertuples():
         for task in tasks:
-            rows = by_task.get(task)
-            rows = rows[rows["trial"].isin(row.trials.split(";"))] if rows is not None else None
-            if rows is None or rows.empty:
+            rows = by_task.get(task, questions.iloc[:0])
+            rows = rows[rows["trial"].isin(row.trials.split(";"))]
+            if rows.empty:
                 continue
+            repeated = rows.duplicated(["trial", "question_id"])
+            if repeated.any():
+                raise ValueError(f"expected one {task} row per question and trial, got repeated question ids in "
+                                 f"{sorted(set(rows['trial'][repeated]))}")
             confidence = rows.pivot(index="question_id", columns="trial", values="confidence").dropna()
             correct = rows.pivot(index="question_id", columns="trial", values="correct").loc[confidence.index]
             if len(confidence):

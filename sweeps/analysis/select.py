@@ -23,7 +23,7 @@ DELTA_COLUMNS = ["sft_dataset", "family", "vocab_size", "hidden_size", "task", "
 
 
 def grid_points(trials: pd.DataFrame, tasks: tuple[str, ...]) -> pd.DataFrame:
-    """One row per (dataset, family, beta, lr): mean metrics, ``mean_accuracy``, ``n_trials``, ``trials``, model facts."""
+    """A row per (dataset, family, beta, lr): mean metrics, ``mean_accuracy``, ``n_trials``, ``trials``, model facts."""
     metrics = [f"{t}_{m}" for t in tasks for m in TABLE_METRICS]
     grouped = trials.groupby(CELL + ["learning_rate"], sort=True)
     points = grouped[metrics + ["train_loss"]].mean()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -226,6 +227,17 @@ def test_filters_select_a_subset(synthetic_store, tmp_path):
 def test_bad_filters_are_one_line_errors(text, match):
     with pytest.raises(ValueError, match=match):
         parse_filter(text)
+
+
+def test_a_store_without_questions_still_gives_the_tables(synthetic_store, tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(synthetic_store / "trials", root / "trials")
+    written = analyze(str(root), parse_filter("dataset=alpaca"), tmp_path / "out", n_boot=5)
+    assert {p.name for p in written} >= {"table1.csv", "delta_ece.csv", "delta_ece_vs_vocab_alpaca.png",
+                                         "entropy_gap.png", "notes.md"}
+    assert not any(p.name.startswith(("ece_vs_beta", "paired_ece_")) or "reliability" in str(p) for p in written)
+    assert len(pd.read_csv(tmp_path / "out" / "table1.csv")) == 6
+    assert "no stored questions for 8 trial(s)" in (tmp_path / "out" / "notes.md").read_text()
 
 
 def test_stores_with_nothing_to_analyse_are_errors(synthetic_store, tmp_path):
