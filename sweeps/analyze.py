@@ -65,17 +65,7 @@ def analyze(root: str, filters: dict[str, set[str]], out: Path, *, n_boot: int =
     written.append(_csv(intervals, out / "ece_intervals.csv"))
     written += write_paired(paired, n_boot, out)
     for dataset in sorted(table["sft_dataset"].unique()):
-        name = slug(dataset)
-        if (intervals["sft_dataset"] == dataset).any():
-            written.append(figures.ece_against_beta(intervals[intervals["sft_dataset"] == dataset], dataset, tasks,
-                                                    out / f"ece_vs_beta_{name}.png"))
-        if (paired["sft_dataset"] == dataset).any():
-            written.append(figures.paired_against_beta(paired[paired["sft_dataset"] == dataset], dataset, tasks,
-                                                       out / f"paired_ece_{name}.png"))
-        if (deltas["sft_dataset"] == dataset).any():
-            for column, short in (("vocab_size", "vocab"), ("hidden_size", "hidden")):
-                written.append(figures.delta_against_size(deltas[deltas["sft_dataset"] == dataset], dataset, tasks,
-                                                          column, out / f"delta_ece_vs_{short}_{name}.png"))
+        written += _dataset_figures(dataset, tasks, intervals, paired, deltas, out)
     written += _reliability_pairs(deltas, cells, results.n_bins, out, notes)
     written.append(_write_notes(root, filters, results, n_boot, seed, logit_std, out))
     return written
@@ -84,6 +74,22 @@ def analyze(root: str, filters: dict[str, set[str]], out: Path, *, n_boot: int =
 def _csv(frame: pd.DataFrame, path: Path) -> Path:
     frame.to_csv(path, index=False)
     return path
+
+
+def _dataset_figures(dataset: str, tasks: tuple[str, ...], intervals: pd.DataFrame, paired: pd.DataFrame,
+                     deltas: pd.DataFrame, out: Path) -> list[Path]:
+    """The figures of one SFT dataset for which it has points."""
+    intervals, paired, deltas = (frame[frame["sft_dataset"] == dataset] for frame in (intervals, paired, deltas))
+    name, written = slug(dataset), []
+    if len(intervals):
+        written.append(figures.ece_against_beta(intervals, dataset, tasks, out / f"ece_vs_beta_{name}.png"))
+    if len(paired):
+        written.append(figures.paired_against_beta(paired, dataset, tasks, out / f"paired_ece_{name}.png"))
+    if len(deltas):
+        for column, short in (("vocab_size", "vocab"), ("hidden_size", "hidden")):
+            written.append(figures.delta_against_size(deltas, dataset, tasks, column,
+                                                      out / f"delta_ece_vs_{short}_{name}.png"))
+    return written
 
 
 def _entropy_outputs(table: pd.DataFrame, logit_std: float, out: Path, notes: list[str]) -> list[Path]:
