@@ -1,7 +1,7 @@
 """The autograd Function shared by both backends: forward keeps only O(N) state, backward recomputes.
 
 A backend supplies `forward(E, C, y, beta, ignore_index, softcap) -> (loss, lse, p_target, p_max, saved)`
-(per token, float32; `saved` is a tuple of O(N)-sized tensors) and
+(per token, float32; `saved`: small tensors, O(N) plus one float per logits tile) and
 `backward(E, C, y, saved, g, beta, ignore_index, softcap, need_dE, need_dC) -> (dE, dC)`.
 """
 

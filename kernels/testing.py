@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from kernels.api import TORCH_BACKEND
+from kernels.function import LinearCrossEntropyFunction
 from kernels.reference import reference_cross_entropy
 
 LOWP_MARGIN = 2e-3
@@ -62,8 +64,6 @@ def chunked_truth(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, reduction: str = "mean", **kwargs: object,
 ) -> tuple[torch.Tensor, ...]:
     """float64 truth from the chunked PyTorch path on the inputs' device: never holds N x V (large shapes)."""
-    from kernels.api import TORCH_BACKEND
-    from kernels.function import LinearCrossEntropyFunction
 
     def fn(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor, reduction: str, label_smoothing: float = 0.0,
            softcap: float | None = None) -> torch.Tensor:
