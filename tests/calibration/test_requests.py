@@ -34,18 +34,19 @@ def test_prefix_is_a_token_prefix_and_leaves_one_context_token(tokenizer):
     assert group.prefix == ctx[:-1] and [row.tokens for row in group.rows] == [ctx[-1:], ctx[-1:]]
 
 
-def test_multi_token_zero_shot_question_is_its_own_group(tokenizer):
+def test_multi_token_choices_get_one_row_each_batched_across_questions(tokenizer):
     prompts = [Prompt("", f"Question: What is {x}?\nAnswer:", (" a red fruit", " a car"), (11, 5))
                for x in ("an apple", "a bus")]
-    groups = plan(tokenizer, prompts)
-    assert len(groups) == 2
-    for index, (group, prompt) in enumerate(zip(groups, prompts)):
+    (group,) = plan(tokenizer, prompts)
+    assert group.prefix == tokenizer.encode("Question: What is")  # the common token prefix
+    assert len(group.rows) == 4
+    for index, prompt in enumerate(prompts):
         ctx, conts = encode_prompt(tokenizer, prompt.query, prompt.continuations)
-        assert group.prefix == ctx[:-1] and len(group.rows) == 2
-        for k, (row, cont) in enumerate(zip(group.rows, conts)):
+        for k, (row, cont) in enumerate(zip(group.rows[2 * index: 2 * index + 2], conts)):
             assert group.prefix + row.tokens == ctx + cont[:-1]
-            assert [(r.position, r.target, r.choice) for r in row.reads] == [
-                (t, token, k) for t, token in enumerate(cont)]
+            start = len(ctx) - 1 - len(group.prefix)
+            assert [(r.position, r.target, r.question, r.choice) for r in row.reads] == [
+                (start + t, token, index, k) for t, token in enumerate(cont)]
 
 
 def test_no_sharing_is_one_group_without_prefix(tokenizer):
