@@ -19,6 +19,7 @@ if torch.cuda.is_available():
 if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
     # Triton's own library functions were defined compiled; interpreted kernels cannot call them.
     raise RuntimeError("triton was imported before TRITON_INTERPRET=1; run: TRITON_INTERPRET=1 pytest tests/kernels")
+_USER_INTERPRET = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
 
 import triton.language as tl  # noqa: E402
@@ -29,6 +30,11 @@ from kernels import backward, forward  # noqa: E402
 from kernels.api import select_backend  # noqa: E402
 from kernels.testing import assert_accurate, loss_and_grads, make_case, truth_and_torch  # noqa: E402
 from kernels.triton_backend import BACKEND  # noqa: E402
+
+# The kernels are defined now: restore the variable, so that other tests' CPU calls keep the PyTorch path
+# (the fixture below sets it for these tests).
+if _USER_INTERPRET is None:
+    del os.environ["TRITON_INTERPRET"]
 
 N, V, D = 300, 700, 40  # none a multiple of any block
 
