@@ -33,5 +33,8 @@ def test_compare_counts_accuracy_and_disagreements():
     report = compare(theirs, ours)
     assert report["lm_eval_acc"] == 0.5 and report["ours_acc"] == 1.0 and report["acc_diff_points"] == 50.0
     assert report["predictions_differ"] == 1 and report["max_abs_loglik_diff"] == 2.5
+    assert report["lm_eval_acc_norm"] == 0.0 and report["ours_acc_norm"] == 0.5
+    mmlu_like = compare([{k: v for k, v in t.items() if k != "acc_norm"} for t in theirs], ours)
+    assert "acc_norm_diff_points" not in mmlu_like  # lm-eval's MMLU reports acc only
     with pytest.raises(ValueError, match="expected calsweep_arc_easy"):
         our_task("arc_challenge")
