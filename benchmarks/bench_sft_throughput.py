@@ -82,8 +82,26 @@ def run_calsweep(args) -> dict:
         engine.step()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    return _result("calsweep (DeepSpeed ZeRO-%d + fused LS-CE)" % args.zero_stage, args, seconds, flops,
-                   float(loss))
+    result = _result("calsweep (DeepSpeed ZeRO-%d + fused LS-CE)" % args.zero_stage, args, seconds, flops,
+                     float(loss))
+    if args.profile:
+        def step() -> None:
+            engine.backward(engine(**batch))
+            engine.step()
+        _profile(step, args.profile)
+    return result
+
+
+def _profile(step, steps: int) -> None:
+    """Print the CUDA-time table of ``steps`` more steps (after the timed ones, so timing is unaffected)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70))
 
 
 def run_hf_trainer(args) -> dict:
@@ -146,6 +164,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--zero-stage", type=int, default=2)
+    parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps, print the table")
     parser.add_argument("--out", default="sft_throughput.json")
     args = parser.parse_args()
     if args.impl != "both":

@@ -2,8 +2,9 @@
 
 Per group: one forward over the prefix gives its KV cache; every batch of rows (right-padded, so padding only
 follows real tokens and needs no mask) runs off a copy of that cache repeated to the batch size. Logits are
-computed only where a ``Read`` needs them (``logits_to_keep`` as a boolean mask), then
-``log_softmax`` in float32, so a 262k vocabulary costs one row of logits per scored token, not per token.
+computed only at the sequence positions some ``Read`` of the batch needs (``logits_to_keep`` as a 1-D index
+tensor, its documented form in every transformers release that has it), then ``log_softmax`` in float32 of just
+the (row, position) pairs read, so a 262k vocabulary costs about one row of logits per scored token.
 """
 
 from __future__ import annotations
@@ -59,26 +60,23 @@ def _score_group(model: Any, group: Group, loglik: list[np.ndarray], batch_size:
 def _score_batch(model: Any, batch: list[Row], past: Any, loglik: list[np.ndarray], device: torch.device) -> None:
     width = max(len(r.tokens) for r in batch)
     ids = torch.zeros(len(batch), width, dtype=torch.long)
-    keep = torch.zeros(len(batch), width, dtype=torch.bool)
     for i, row in enumerate(batch):
         ids[i, : len(row.tokens)] = torch.tensor(row.tokens)
-        keep[i, [read.position for read in row.reads]] = True
-    # boolean-mask order is row-major: the k-th kept position of the batch becomes logprobs[k]
-    offsets = torch.cumsum(keep.flatten().long(), 0).view_as(keep) - 1
-    ids, keep = ids.to(device), keep.to(device)
-    logits = model(input_ids=ids, past_key_values=past, use_cache=past is not None, **_keep(model, keep)).logits
-    if logits.dim() == 3 and logits.shape[:2] == keep.shape:  # the model ignored logits_to_keep: select here
-        logits = logits[keep]
-    logprobs = logits.reshape(-1, logits.shape[-1]).float().log_softmax(-1)
-    where, targets, owners = [], [], []
-    for i, row in enumerate(batch):
-        for read in row.reads:
-            where.append(int(offsets[i, read.position]))
-            targets.append(read.target)
-            owners.append((read.question, read.choice))
-    values = logprobs[torch.tensor(where, device=device), torch.tensor(targets, device=device)].double().cpu()
-    for (question, choice), value in zip(owners, values.tolist()):
-        loglik[question][choice] += value
+    reads = [(i, read) for i, row in enumerate(batch) for read in row.reads]
+    columns = sorted({read.position for _, read in reads})  # positions any row of the batch reads
+    column_of = {position: k for k, position in enumerate(columns)}
+    ids = ids.to(device)
+    kwargs = _keep(model, torch.tensor(columns, device=device))
+    logits = model(input_ids=ids, past_key_values=past, use_cache=past is not None, **kwargs).logits
+    if "logits_to_keep" not in kwargs:  # the model computed every position: select the read ones here
+        logits = logits[:, columns]
+    rows = torch.tensor([i for i, _ in reads], device=device)
+    cols = torch.tensor([column_of[read.position] for _, read in reads], device=device)
+    targets = torch.tensor([read.target for _, read in reads], device=device)
+    logprobs = logits[rows, cols].float().log_softmax(-1)
+    values = logprobs.gather(1, targets[:, None]).squeeze(1).double().cpu()
+    for (_, read), value in zip(reads, values.tolist()):
+        loglik[read.question][read.choice] += value
 
 
 def _keep(model: Any, keep: int | torch.Tensor) -> dict[str, Any]:

@@ -29,7 +29,7 @@ class ResourcesConfig:
     workers_per_trial: int | None = 1  # null: from the model's size (ZeRO-3 memory estimate, see workers_for)
     gpu_memory_gb: float = 80.0  # per GPU, for that estimate
     cpus_per_worker: float | None = None  # null: the cluster's CPUs shared among concurrent trials' workers
-    gpus_per_worker: int | None = None  # null: 1 when the cluster has GPUs, else 0
+    gpus_per_worker: float | None = None  # null: 1 when the cluster has GPUs, else 0; a fraction packs small trials
     max_concurrent_trials: int | None = None  # null: GPUs // gpus per trial (at least 1)
     max_failures: int = 1  # Ray Train retries of a crashed trial before it is recorded as failed
 
@@ -140,6 +140,9 @@ def _check_sweep(config: SweepConfig) -> list[str]:
         problems.append(f"search.objectives: expected a mapping metric -> 'min' | 'max', got {search.objectives!r}")
     if search.asha and search.asha.mode not in ("min", "max"):
         problems.append(f"search.asha.mode: expected 'min' or 'max', got {search.asha.mode!r}")
+    gpus = config.resources.gpus_per_worker
+    if gpus is not None and (gpus < 0 or (gpus > 1 and gpus != int(gpus))):
+        problems.append(f"resources.gpus_per_worker: expected a fraction in [0, 1] or a whole number, got {gpus!r}")
     custom = {n: None for n in config.custom_models}
     for family in config.families:
         if family in custom:

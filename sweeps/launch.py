@@ -67,7 +67,7 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float]) -> SweepConfig
     gpus_per_worker = r.gpus_per_worker if r.gpus_per_worker is not None else (1 if gpus_total else 0)
     workers = min(workers_for(sweep, family) for family in sweep.families)
     if gpus_per_worker:
-        concurrent = r.max_concurrent_trials or max(1, gpus_total // (gpus_per_worker * workers))
+        concurrent = r.max_concurrent_trials or max(1, int(gpus_total / (gpus_per_worker * workers) + 1e-9))
         cpus_per_worker = r.cpus_per_worker or min(8.0, (cpus_total - DRIVER_CPUS * concurrent) / max(1, gpus_total))
     else:  # CPU only: trials share the machine's cores one after another
         concurrent = r.max_concurrent_trials or 1

@@ -22,7 +22,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def deepspeed_config(train: TrainConfig, learning_rate: float, precision: str, world_size: int) -> dict[str, Any]:
+def deepspeed_config(train: TrainConfig, precision: str, world_size: int) -> dict[str, Any]:
     """The DeepSpeed JSON config; ``train.deepspeed`` entries are merged in last (researcher overrides)."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
@@ -32,14 +32,22 @@ def deepspeed_config(train: TrainConfig, learning_rate: float, precision: str, w
         "zero_optimization": {"stage": train.zero_stage},
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16"},
-        # torch_adam: plain torch.optim.AdamW, no JIT-built op (works on CPU and avoids the sm_90a op-builder pitfall)
-        "optimizer": {"type": "AdamW", "params": {
-            "lr": learning_rate, "betas": list(train.adam_betas), "eps": train.adam_eps,
-            "weight_decay": train.weight_decay, "torch_adam": True}},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
     return _merge(config, train.deepspeed)
+
+
+def adamw(parameters: list[torch.nn.Parameter], train: TrainConfig, learning_rate: float,
+          device: torch.device) -> torch.optim.AdamW:
+    """torch's AdamW (its fused kernel on CUDA), handed to DeepSpeed as a client optimizer.
+
+    DeepSpeed's own FusedAdam is JIT-built, which fails on H100 images that set TORCH_CUDA_ARCH_LIST=9.0a and
+    needs a CUDA toolchain; torch's fused AdamW needs neither. ZeRO rebinds it to the fp32 master partitions.
+    A researcher's ``train.deepspeed.optimizer`` entry replaces it.
+    """
+    return torch.optim.AdamW(parameters, lr=learning_rate, betas=train.adam_betas, eps=train.adam_eps,
+                             weight_decay=train.weight_decay, fused=device.type == "cuda")
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -81,10 +89,14 @@ def build_engine(module: torch.nn.Module, train: TrainConfig, learning_rate: flo
     precision = resolve_precision(train.precision, device)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     warmup = int(train.warmup_ratio * total_steps)
+    config = deepspeed_config(train, precision, world_size)
+    parameters = [p for p in module.parameters() if p.requires_grad]
+    optimizer = None if "optimizer" in config else adamw(parameters, train, learning_rate, device)
     engine, _, _, _ = deepspeed.initialize(
         model=module,
-        model_parameters=[p for p in module.parameters() if p.requires_grad],
-        config=deepspeed_config(train, learning_rate, precision, world_size),
+        model_parameters=parameters,
+        optimizer=optimizer,
+        config=config,
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(train.schedule, total_steps, warmup)),
     )

@@ -39,11 +39,17 @@ class FusedLMHead(nn.Module):
             loss, stats = kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
                                                        ignore_index=IGNORE_INDEX, softcap=self.softcap,
                                                        return_stats=True)
-            return loss, stats.max_prob.flatten()[kept].mean()
+            return loss, _masked_mean(stats.max_prob.flatten(), kept)
         logits = self.forward(hidden)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, -2)
         loss = F.cross_entropy(logits, targets.flatten(), label_smoothing=label_smoothing, ignore_index=IGNORE_INDEX)
-        return loss, logits.detach()[kept].softmax(-1).amax(-1).mean()
+        return loss, _masked_mean(logits.detach().softmax(-1).amax(-1), kept)
+
+
+def _masked_mean(values: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """mean of ``values[kept]`` (NaN when nothing is kept), without a host sync."""
+    values = torch.where(kept, values.float(), 0.0)
+    return values.sum() / kept.sum()
 
 
 def install_fused_head(model: nn.Module) -> FusedLMHead:
@@ -59,7 +65,8 @@ class CausalLMWithFusedLoss(nn.Module):
     """Wraps a HF causal LM: forward(batch) -> mean label-smoothed loss over response tokens.
 
     targets[t] = labels[t + 1] (next-token prediction); the last position and prompt/padding are ignored.
-    ``last_confidence`` holds the mean max-probability of the last batch (training watches it, no logits kept).
+    ``last_confidence`` holds the mean max-probability of the last batch as a 0-d tensor on the model's device
+    (training watches it without logits, and reads it only when it reports, so steps need no host sync).
     """
 
     def __init__(self, model: nn.Module, label_smoothing: float, loss_impl: str = "fused"):
@@ -68,11 +75,11 @@ class CausalLMWithFusedLoss(nn.Module):
         self.head = install_fused_head(model)
         self.label_smoothing = label_smoothing
         self.loss_impl = loss_impl
-        self.last_confidence = float("nan")
+        self.last_confidence = torch.tensor(float("nan"))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
         loss, confidence = self.head(hidden, targets, label_smoothing=self.label_smoothing, loss_impl=self.loss_impl)
-        self.last_confidence = float(confidence)
+        self.last_confidence = confidence.detach()
         return loss

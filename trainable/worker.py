@@ -111,14 +111,15 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     tokens = 0
     losses: list[float] = []
     for step in range(1, total_steps + 1):
-        step_loss = 0.0
+        step_loss = torch.zeros((), device=device)  # summed on the device: one host sync per optimiser step
         for _ in range(trial.train.gradient_accumulation_steps):
-            batch = {k: v.to(device) for k, v in next(batches).items()}
-            loss = engine(**batch)
+            batch = next(batches)
+            tokens += int(batch["attention_mask"].sum())
+            loss = engine(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
             engine.backward(loss)
             engine.step()
-            step_loss += loss.item() / trial.train.gradient_accumulation_steps
-            tokens += int(batch["attention_mask"].sum())
+            step_loss += loss.detach() / trial.train.gradient_accumulation_steps
+        step_loss = step_loss.item()
         if not math.isfinite(step_loss):
             raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
                                      f"expected a finite loss (lower the learning rate {trial.learning_rate})")
@@ -126,7 +127,8 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         if step % trial.train.log_every == 0 or step == total_steps:
             elapsed = time.time() - train_started
             report({"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
-                     "lr": engine.get_lr()[0], "tokens_per_s": tokens * world_size / max(elapsed, 1e-9)})
+                    "confidence": float(wrapped.last_confidence), "lr": engine.get_lr()[0],
+                    "tokens_per_s": tokens * world_size / max(elapsed, 1e-9)})
     train_s = time.time() - train_started
 
     eval_started = time.time()
