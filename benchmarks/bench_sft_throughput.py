@@ -1,10 +1,12 @@
 """SFT throughput of a trial: calsweep's loop (DeepSpeed ZeRO-2 + fused label-smoothed loss) vs Hugging Face Trainer.
 
-    python benchmarks/bench_sft_throughput.py --out throughput.json            # both, one process each
+    python benchmarks/bench_sft_throughput.py --out throughput.json     # Trainer, calsweep eager and compiled
 
 Model: Llama-3.2-1B-shaped (1.24B params, vocab 128256, tied embeddings), random init, bf16, sequence 2048,
 batch 4, beta 0.1, random tokens. Each implementation runs in its own process (clean peak-memory counters):
 ``--warmup`` steps, then ``--steps`` timed optimiser steps. Reports tokens/s, MFU and peak allocated memory.
+calsweep runs its trial loop (trainable/worker.py): DeepSpeed engine, fused loss, torch's fused AdamW, and on
+CUDA each decoder layer under torch.compile (``calsweep_eager``: without, to show what compiling buys).
 MFU = tokens/s * (6 N + 12 L d T) / peak bf16 FLOP/s (989e12 for H100/H200 SXM dense), N = non-embedding params
 + the LM head, as in the peers' anchor in ../shared/device/README.md.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PEAK_FLOPS = 989e12
+IMPLS = ("hf_trainer", "calsweep_eager", "calsweep")
 SHAPE = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
              num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0,
              max_position_embeddings=2048, head_dim=64)
@@ -55,6 +58,7 @@ def run_calsweep(args) -> dict:
     import torch
     import torch.distributed as dist
 
+    from trainable.compiled import compile_wanted, compiled_decoder_layers
     from trainable.config import TrainConfig
     from trainable.deepspeed_setup import build_engine
     from trainable.lm_head import CausalLMWithFusedLoss
@@ -69,26 +73,30 @@ def run_calsweep(args) -> dict:
     flops = _flops_per_token(model, args.seq_len)
     wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
     train = TrainConfig(max_steps=args.warmup + args.steps, micro_batch_size=args.batch, precision="bf16",
-                        zero_stage=args.zero_stage, warmup_ratio=0.0)
+                        zero_stage=args.zero_stage, warmup_ratio=0.0, compile=args.impl == "calsweep")
     engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, 1)
     batch = _batch(args, device)
-    torch.cuda.reset_peak_memory_stats()
-    for step in range(args.warmup + args.steps):
-        if step == args.warmup:
-            torch.cuda.synchronize()
-            started = time.perf_counter()
+
+    def step() -> torch.Tensor:  # the trial loop's micro-step (trainable/worker.py)
         loss = engine(**batch)
         engine.backward(loss)
         engine.step()
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
-    result = _result("calsweep (DeepSpeed ZeRO-%d + fused LS-CE)" % args.zero_stage, args, seconds, flops,
-                     float(loss))
-    if args.profile:
-        def step() -> None:
-            engine.backward(engine(**batch))
-            engine.step()
-        _profile(step, args.profile)
+        return loss
+
+    with compiled_decoder_layers(model, compile_wanted(train.compile, device)) as compiled:
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(args.warmup):
+            step()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            loss = step()
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        name = "calsweep (DeepSpeed ZeRO-%d, fused LS-CE%s)" % (args.zero_stage, ", compiled layers" if compiled else "")
+        result = _result(name, args, seconds, flops, float(loss))
+        if args.profile:
+            _profile(step, args.profile)
     return result
 
 
@@ -157,7 +165,8 @@ def _result(name: str, args, seconds: float, flops_per_token: float, loss: float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impl", choices=["both", "calsweep", "hf_trainer"], default="both")
+    parser.add_argument("--impl", choices=["all"] + list(IMPLS), default="all",
+                        help="calsweep: the trial loop as on CUDA (decoder layers compiled); calsweep_eager: without")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--beta", type=float, default=0.1)
@@ -167,27 +176,27 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps, print the table")
     parser.add_argument("--out", default="sft_throughput.json")
     args = parser.parse_args()
-    if args.impl != "both":
-        result = run_calsweep(args) if args.impl == "calsweep" else run_hf_trainer(args)
+    if args.impl != "all":
+        result = run_hf_trainer(args) if args.impl == "hf_trainer" else run_calsweep(args)
         Path(args.out).write_text(json.dumps(result))
         return
     results = []
-    for impl in ("hf_trainer", "calsweep"):
+    for impl in IMPLS:
         part = Path(args.out).with_suffix(f".{impl}.json")
         command = [sys.executable, __file__, "--impl", impl, "--out", str(part)] + \
             [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("impl", "out")]
         completed = subprocess.run(command, text=True)
         results.append(json.loads(part.read_text()) if completed.returncode == 0 and part.exists()
                        else {"impl": impl, "error": f"exit code {completed.returncode}"})
-    print(f"\n{'implementation':<48} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} {'step ms':>8}")
+    trainer = results[0].get("tokens_per_s")
+    print(f"\n{'implementation':<56} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} {'step ms':>8} {'vs Trainer':>10}")
     for r in results:
         if "error" in r:
-            print(f"{r['impl']:<48} failed ({r['error']})")
+            print(f"{r['impl']:<56} failed ({r['error']})")
             continue
-        print(f"{r['impl']:<48} {r['tokens_per_s']:>10,.0f} {100 * r['mfu']:>6.1f}% {r['peak_gib']:>9.1f} "
-              f"{r['step_ms']:>8.1f}")
-    if all("error" not in r for r in results):
-        print(f"speed-up over the Trainer: {results[1]['tokens_per_s'] / results[0]['tokens_per_s']:.2f}x")
+        ratio = f"{r['tokens_per_s'] / trainer:.2f}x" if trainer else "-"
+        print(f"{r['impl']:<56} {r['tokens_per_s']:>10,.0f} {100 * r['mfu']:>6.1f}% {r['peak_gib']:>9.1f} "
+              f"{r['step_ms']:>8.1f} {ratio:>10}")
     Path(args.out).write_text(json.dumps(results, indent=1))
 
 

@@ -15,10 +15,16 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from calibration.prompts import Prompt
 from calibration.requests import Group, Row, plan
+
+
+# cuDNN attention builds an execution plan for every new (batch, query, key) shape, ~0.2 s each on an H100, and
+# scoring rows vary in length batch to batch: the other kernels take any shape at no setup cost
+SCORING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def score_prompts(model: Any, tokenizer: Any, prompts: Sequence[Prompt], *, batch_size: int = 8,
@@ -31,7 +37,7 @@ def score_prompts(model: Any, tokenizer: Any, prompts: Sequence[Prompt], *, batc
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), tqdm(total=sum(len(g.rows) for g in groups), desc=desc, unit="row",
+        with torch.inference_mode(), sdpa_kernel(SCORING_ATTENTION), tqdm(total=sum(len(g.rows) for g in groups), desc=desc, unit="row",
                                           disable=not progress, leave=False) as bar:
             for group in groups:
                 _score_group(model, group, loglik, batch_size, bar)

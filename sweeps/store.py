@@ -50,6 +50,8 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("config_json", pa.string()),
     pa.field("train_loss", pa.float64()),
     pa.field("train_loss_first", pa.float64()),
+    pa.field("val_loss", pa.float64()),
+    pa.field("train_confidence", pa.float64()),
     pa.field("train_steps", pa.int64()),
     pa.field("train_tokens", pa.int64()),
     pa.field("tokens_per_s", pa.float64()),

@@ -75,6 +75,8 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     dropout: float | None = None  # sets the model's attention/hidden dropout when given
     loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
+    compile: bool | None = None  # torch.compile each decoder layer; null: on CUDA only (CPU compiles take minutes)
+    pad_to_multiple: int | None = None  # right-pad batches to a multiple of this width; null: 64 on CUDA, 1 on CPU
     log_every: int = 1
     val_examples: int = 0  # held out from the SFT data for a validation loss (what ASHA watches)
     val_every: int | None = None  # optimiser steps between validation losses; null: only at the end if val_examples
@@ -190,6 +192,8 @@ def _check_train(c: TrainConfig) -> list[str]:
         problems.append(f"warmup_ratio: expected a number in [0, 1), got {c.warmup_ratio!r}")
     if c.dropout is not None and not 0 <= c.dropout < 1:
         problems.append(f"dropout: expected a number in [0, 1) or null, got {c.dropout!r}")
+    if c.pad_to_multiple is not None and c.pad_to_multiple < 1:
+        problems.append(f"pad_to_multiple: expected an integer >= 1 or null, got {c.pad_to_multiple!r}")
     if c.loss_impl not in ("fused", "torch"):
         problems.append(f"loss_impl: expected 'fused' or 'torch', got {c.loss_impl!r}")
     if c.val_examples < 0:

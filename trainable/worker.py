@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from trainable.config import TrialConfig
+from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.models import load_model, load_tokenizer, model_facts, resolve_model
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
@@ -42,13 +43,13 @@ def _dropout_overrides(dropout: float | None) -> dict[str, float]:
 
 
 def validation_loss(engine, examples: list[dict], micro_batch_size: int, pad_token_id: int,
-                    device: torch.device) -> float:
+                    device: torch.device, pad_to_multiple: int = 1) -> float:
     """Mean of the per-batch training loss over the held-out examples (no gradient, eval mode)."""
     engine.eval()
     losses = []
     with torch.no_grad():
         for start in range(0, len(examples), micro_batch_size):
-            batch = collate(examples[start:start + micro_batch_size], pad_token_id)
+            batch = collate(examples[start:start + micro_batch_size], pad_token_id, pad_to_multiple)
             losses.append(float(engine(**{k: v.to(device) for k, v in batch.items()})))
     engine.train()
     return sum(losses) / len(losses)
@@ -105,30 +106,36 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     load_s = time.time() - started
 
     engine.train()
+    pad_to = trial.train.pad_to_multiple or (64 if device.type == "cuda" else 1)
     batches = iterate_batches(examples, trial.train.micro_batch_size, tokenizer.pad_token_id, trial.seed,
-                              rank, world_size)
+                              rank, world_size, pad_to)
     train_started = time.time()
     tokens = 0
     losses: list[float] = []
-    for step in range(1, total_steps + 1):
-        step_loss = torch.zeros((), device=device)  # summed on the device: one host sync per optimiser step
-        for _ in range(trial.train.gradient_accumulation_steps):
-            batch = next(batches)
-            tokens += int(batch["attention_mask"].sum())
-            loss = engine(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
-            engine.backward(loss)
-            engine.step()
-            step_loss += loss.detach() / trial.train.gradient_accumulation_steps
-        step_loss = step_loss.item()
-        if not math.isfinite(step_loss):
-            raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
-                                     f"expected a finite loss (lower the learning rate {trial.learning_rate})")
-        losses.append(step_loss)
-        if step % trial.train.log_every == 0 or step == total_steps:
-            elapsed = time.time() - train_started
-            report({"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
-                    "confidence": float(wrapped.last_confidence), "lr": engine.get_lr()[0],
-                    "tokens_per_s": tokens * world_size / max(elapsed, 1e-9)})
+    with compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
+        for step in range(1, total_steps + 1):
+            step_loss = torch.zeros((), device=device)  # summed on the device: one host sync per optimiser step
+            for _ in range(trial.train.gradient_accumulation_steps):
+                batch = next(batches)
+                tokens += int(batch["attention_mask"].sum())
+                loss = engine(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
+                engine.backward(loss)
+                engine.step()
+                step_loss += loss.detach() / trial.train.gradient_accumulation_steps
+            step_loss = step_loss.item()
+            if not math.isfinite(step_loss):
+                raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
+                                         f"expected a finite loss (lower the learning rate {trial.learning_rate})")
+            losses.append(step_loss)
+            step_metrics = {}
+            if held_out and (step == total_steps or (trial.train.val_every and step % trial.train.val_every == 0)):
+                step_metrics["val_loss"] = validation_loss(engine, held_out, trial.train.micro_batch_size,
+                                                      tokenizer.pad_token_id, device, pad_to)
+            if step_metrics or step % trial.train.log_every == 0 or step == total_steps:
+                elapsed = time.time() - train_started
+                report({"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
+                        "confidence": float(wrapped.last_confidence), "lr": engine.get_lr()[0],
+                        "tokens_per_s": tokens * world_size / max(elapsed, 1e-9), **step_metrics})
     train_s = time.time() - train_started
 
     eval_started = time.time()
@@ -146,6 +153,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     final: dict[str, Any] = {
         "phase": "done", "step": total_steps, "total_steps": total_steps,
         "train_loss": losses[-1], "train_loss_first": losses[0], "train_steps": total_steps,
+        "val_loss": step_metrics.get("val_loss"), "train_confidence": float(wrapped.last_confidence),
         "train_tokens": tokens * world_size, "tokens_per_s": tokens * world_size / max(train_s, 1e-9),
         "precision": precision, "device": str(device.type), "world_size": world_size,
         **{f"model_{k}": v for k, v in facts.items()},

@@ -195,6 +195,8 @@ def test_collate_pads_with_ignored_labels():
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    wide = collate([{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}], 0, pad_to_multiple=4)
+    assert wide["input_ids"].tolist() == [[5, 6, 7, 0]] and wide["labels"].tolist() == [[-100, 6, 7, -100]]
 
 
 def test_steps_per_epoch():

@@ -40,3 +40,14 @@ def test_same_config_same_numbers(tiny_llama_config, data_dir, tmp_path, one_ran
 def test_zero_stages_train(tiny_llama_config, data_dir, tmp_path, one_rank_process_group, stage):
     final, _ = _run(_trial(tiny_llama_config, data_dir, tmp_path, zero_stage=stage))
     assert math.isfinite(final["train_loss"]) and final["arc_easy_n_questions"] == 3
+    assert final["val_loss"] is None and 0 < final["train_confidence"] <= 1
+
+
+def test_validation_loss_is_reported_on_schedule_and_at_the_end(tiny_llama_config, data_dir, tmp_path,
+                                                                 one_rank_process_group):
+    trial = _trial(tiny_llama_config, data_dir, tmp_path, max_steps=3, val_examples=4, val_every=2,
+                   pad_to_multiple=8)
+    final, reports = _run(trial)
+    with_val = [r["step"] for r in reports if r["phase"] == "train" and "val_loss" in r]
+    assert with_val == [2, 3] and math.isfinite(final["val_loss"]) and final["val_loss"] > 0
+    assert final["val_loss"] == [r["val_loss"] for r in reports if "val_loss" in r][-1]

@@ -1,0 +1,42 @@
+"""Compiled decoder layers give the eager loss and gradients, and the eager forwards come back afterwards."""
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from trainable.compiled import compile_wanted, compiled_decoder_layers
+from trainable.lm_head import CausalLMWithFusedLoss
+
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=300, head_dim=8)
+
+
+def _loss_and_grads(wrapped: CausalLMWithFusedLoss, batch: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    wrapped.zero_grad()
+    loss = wrapped(**batch)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in wrapped.parameters()]
+
+
+def test_compiled_layers_match_eager_and_are_undone():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **SMALL))
+    wrapped = CausalLMWithFusedLoss(model, label_smoothing=0.1)
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    eager_loss, eager_grads = _loss_and_grads(wrapped, batch)
+    with compiled_decoder_layers(model) as n:
+        assert n == 2
+        assert all("forward" in vars(layer) for layer in model.model.layers)
+        loss, grads = _loss_and_grads(wrapped, batch)
+    assert not any("forward" in vars(layer) for layer in model.model.layers)
+    # float32 on CPU; fused kernels reorder sums: tolerance of a few float32 ulps of the values
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, eager_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_compile_defaults_to_cuda_only():
+    assert compile_wanted(None, torch.device("cuda")) and not compile_wanted(None, torch.device("cpu"))
+    assert compile_wanted(True, torch.device("cpu")) and not compile_wanted(False, torch.device("cuda"))
+    with compiled_decoder_layers(torch.nn.Linear(2, 2), enabled=False) as n:
+        assert n == 0

@@ -1,0 +1,30 @@
+"""torch.compile for training: each decoder layer's forward compiled, so its norms, rotary embedding and
+activation fuse into a few kernels while the module tree (and DeepSpeed's hooks on it) stays as it was.
+Scoring afterwards runs the eager forwards again (its shapes vary batch to batch and it carries a KV cache)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+
+def compile_wanted(setting: bool | None, device: torch.device) -> bool:
+    """``TrainConfig.compile``: True/False as given; None means on CUDA only."""
+    return device.type == "cuda" if setting is None else setting
+
+
+@contextlib.contextmanager
+def compiled_decoder_layers(model: nn.Module, enabled: bool = True) -> Iterator[int]:
+    """Within the block every ``*DecoderLayer`` of a Hugging Face model runs ``torch.compile(layer.forward)``;
+    yields how many layers were compiled (0 when not ``enabled``); the eager forwards are back afterwards."""
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")] if enabled else []
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward)
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            del layer.forward
