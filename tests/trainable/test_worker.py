@@ -15,7 +15,8 @@ def _trial(tiny_llama_config, data_dir, tmp_path, **train) -> TrialConfig:
         data_dir=data_dir, results_dir=str(tmp_path),
         custom_models={"tiny": {"config": tiny_llama_config}},
         sft={"max_examples": 12, "max_seq_len": 96},
-        train={"max_steps": 2, "micro_batch_size": 2, "gradient_accumulation_steps": 2, "dropout": 0.1, **train},
+        train={"max_steps": 2, "micro_batch_size": 2, "gradient_accumulation_steps": 2, "dropout": 0.1, "log_every": 1,
+               **train},
         eval={"limit": 3, "batch_size": 4, "tasks": ["arc_easy"]}))
 
 
