@@ -125,10 +125,10 @@ def load_hellaswag(split: str, *, data_dir: str | Path | None = None) -> list[Qu
     root = resolve_data_dir(data_dir)
     if root is not None:
         path = root / "hellaswag" / f"hellaswag_{split}.jsonl"
-        return [_hellaswag_question(record, f"{path}:{line}") for line, record in _read_jsonl(path)]
+        return [_hellaswag_question(record, i, f"{path}:{line}") for i, (line, record) in enumerate(_read_jsonl(path))]
     rows = load_hub_dataset("Rowan/hellaswag", name=None, split=HELLASWAG_SPLITS[split],
                             local_hint="hellaswag/hellaswag_{train,val}.jsonl")
-    return [_hellaswag_question(dict(r), f"Rowan/hellaswag row {i}") for i, r in enumerate(rows)]
+    return [_hellaswag_question(dict(r), i, f"Rowan/hellaswag row {i}") for i, r in enumerate(rows)]
 
 
 def hellaswag_preprocess(text: str) -> str:
@@ -138,13 +138,15 @@ def hellaswag_preprocess(text: str) -> str:
     return text.replace("  ", " ")
 
 
-def _hellaswag_question(record: dict[str, Any], where: str) -> Question:
+def _hellaswag_question(record: dict[str, Any], index: int, where: str) -> Question:
+    """The question id is the row's position in the split (lm-eval's doc id): the files' ``ind`` repeats
+    (433 of the 10,042 validation rows share an ``ind`` with another row)."""
     try:
         stem = hellaswag_preprocess(record["activity_label"] + ": " + record["ctx_a"] + " "
                                     + record["ctx_b"].capitalize())
         choices = tuple(hellaswag_preprocess(e) for e in record["endings"])
         gold = int(record["label"])
-        question = Question(str(record["ind"]), record["activity_label"], stem, choices, gold)
+        question = Question(str(index), record["activity_label"], stem, choices, gold)
     except (KeyError, TypeError, ValueError) as exc:
         raise DataSourceError(f"{where}: expected a HellaSwag record {{ind, activity_label, ctx_a, ctx_b, "
                               f"endings, label}}, got {type(exc).__name__}: {exc}") from None

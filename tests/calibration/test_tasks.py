@@ -36,7 +36,7 @@ def test_hellaswag_applies_lm_eval_preprocessing(mini_data):
     first, second = load_hellaswag("val", data_dir=mini_data)
     assert first.stem == "Baking cookies: A woman mixes flour in a bowl. She"
     assert first.choices == ("jumps into a lake.", "paints the. wall.", "adds two eggs and stirs.", "sings loudly now.")
-    assert first.gold == 2 and first.question_id == "4"
+    assert first.gold == 2 and (first.question_id, second.question_id) == ("0", "1")  # row positions
     assert second.stem == "Home and Garden: How to water a plant"
     assert hellaswag_preprocess("  a [title] b [x]c  ") == "a. b c"
 
@@ -94,3 +94,11 @@ def test_real_files_have_the_documented_sizes(shared_data):
     arc = load_arc_easy("test", data_dir=shared_data)
     assert len(arc) == 2376 and {len(q.choices) for q in arc} == {3, 4, 5}
     assert len(load_hellaswag("val", data_dir=shared_data)) == 10042
+
+
+def test_question_ids_are_unique_in_the_real_files(data_dir):
+    """HellaSwag's ``ind`` repeats in the official validation file; ids must not (the store keys on them)."""
+    for questions in (load_hellaswag("val", data_dir=data_dir), load_arc_easy("test", data_dir=data_dir),
+                      load_mmlu("test", data_dir=data_dir)):
+        ids = [q.question_id for q in questions]
+        assert len(set(ids)) == len(ids)
