@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-SELECTION = ("lr chosen per (SFT dataset, family, beta) by the highest mean accuracy over the tasks, each on its "
-             "reported split (a criterion blind to calibration; the store holds no separate validation score), ties "
-             "to the lower final train loss, then to the smaller lr; metrics are means over the n ok trials (seeds, "
-             "runs) at that lr")
+SELECTION = ("lr chosen per (SFT dataset, family, beta) by the lowest validation loss on held-out SFT examples "
+             "(`train.val_examples`) when every lr of the cell has one, else by the highest mean accuracy over the "
+             "tasks, each on its reported split (column selected_by says which); ties to the lower final train loss, "
+             "then to the smaller lr; both criteria are blind to calibration; metrics are means over the n ok trials "
+             "(seeds, runs) at that lr")
 BEST_BETA = "best beta: the beta > 0 with the lowest Table 1 ECE on the task (per SFT dataset and family)"
 TABLE_METRICS = ("accuracy", "ece", "rms_ce")
 CELL = ["sft_dataset", "family", "label_smoothing"]
@@ -26,7 +27,7 @@ def grid_points(trials: pd.DataFrame, tasks: tuple[str, ...]) -> pd.DataFrame:
     """A row per (dataset, family, beta, lr): mean metrics, ``mean_accuracy``, ``n_trials``, ``trials``, model facts."""
     metrics = [f"{t}_{m}" for t in tasks for m in TABLE_METRICS]
     grouped = trials.groupby(CELL + ["learning_rate"], sort=True)
-    points = grouped[metrics + ["train_loss"]].mean()
+    points = grouped[metrics + ["train_loss", "val_loss"]].mean()
     points["n_trials"] = grouped.size()
     points["trials"] = grouped["trial"].agg(lambda names: ";".join(sorted(names)))
     points = points.reset_index()
@@ -37,9 +38,15 @@ def grid_points(trials: pd.DataFrame, tasks: tuple[str, ...]) -> pd.DataFrame:
 
 def table_one(points: pd.DataFrame) -> pd.DataFrame:
     """The grid point of the selected lr for each (dataset, family, beta), as SELECTION states."""
-    ranked = points.sort_values(CELL + ["mean_accuracy", "train_loss", "learning_rate"],
-                                ascending=[True, True, True, False, True, True], na_position="last")
-    return ranked.groupby(CELL, sort=True).head(1).reset_index(drop=True)
+    chosen = []
+    for _, cell in points.groupby(CELL, sort=True):
+        if cell["val_loss"].notna().all():
+            ranked = cell.sort_values(["val_loss", "train_loss", "learning_rate"]).assign(selected_by="val_loss")
+        else:
+            ranked = cell.sort_values(["mean_accuracy", "train_loss", "learning_rate"], ascending=[False, True, True],
+                                      na_position="last").assign(selected_by="accuracy")
+        chosen.append(ranked.head(1))
+    return pd.concat(chosen).reset_index(drop=True)
 
 
 def best_betas(table: pd.DataFrame, tasks: tuple[str, ...], notes: list[str]) -> pd.DataFrame:

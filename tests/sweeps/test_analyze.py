@@ -28,7 +28,7 @@ MODELS = {"small": (32_000, 64), "big": (262_144, 640), "only0": (49_152, 576)} 
 # run, dataset, family, beta, lr, seed, correct answers out of N_QUESTIONS, final train loss, questions stored
 TRIALS = [
     ("r1", "alpaca", "small", 0.0, 1e-5, 0, 20, 1.0, True),
-    ("r1", "alpaca", "small", 0.0, 2e-5, 0, 30, 1.2, True),  # selected: higher accuracy
+    ("r1", "alpaca", "small", 0.0, 2e-5, 0, 30, 1.2, True),  # higher accuracy, but higher validation loss
     ("r1", "alpaca", "small", 0.1, 1e-5, 0, 25, 0.9, True),
     ("r1", "alpaca", "small", 0.1, 2e-5, 0, 25, 0.8, True),  # selected: accuracy tie, lower loss
     ("r1", "alpaca", "small", 0.2, 1e-5, 0, 28, 1.0, True),
@@ -42,7 +42,10 @@ TRIALS = [
     ("r2", "tulu3", "big", 0.0, 1e-5, 0, 21, 1.0, True),
     ("r2", "tulu3", "big", 0.1, 1e-5, 0, 23, 1.0, False),  # interrupted before its questions were written
 ]
-SELECTED = {("alpaca", "small", 0.0): 2e-5, ("alpaca", "small", 0.1): 2e-5}
+# (dataset, family, beta) -> (selected lr, criterion): beta 0 has a validation loss at both lrs, so the lower one
+# wins although its accuracy is lower; beta 0.1 has none, so accuracy decides (a tie, then the lower train loss)
+SELECTED = {("alpaca", "small", 0.0): (1e-5, "val_loss"), ("alpaca", "small", 0.1): (2e-5, "accuracy")}
+VAL_LOSS = {"small-b0-lr1e-05-s0": 2.0, "small-b0-lr2e-05-s0": 2.5}  # only tulu3 lacks them: accuracy decides there
 
 
 def _trial_id(run: str, family: str, beta: float, lr: float, seed: int) -> str:
@@ -69,6 +72,7 @@ def _write_store(root: Path) -> None:
         vocab, hidden = MODELS[family]
         row = {"run_name": run, "trial_id": trial_id, "status": "ok", "family": family, "sft_dataset": dataset,
                "learning_rate": lr, "label_smoothing": beta, "seed": seed, "train_loss": loss,
+               "val_loss": VAL_LOSS.get(trial_id) if run == "r1" else None,
                "vocab_size": vocab, "hidden_size": hidden, "n_params": 1000 * hidden,
                "config_json": json.dumps({"eval": {"n_bins": 15}})}
         tables = []
@@ -138,8 +142,9 @@ def test_table_one_holds_the_stored_numbers_at_the_selected_lr(analysed, synthet
         for metric in metrics:
             assert getattr(row, metric) == pytest.approx(trials[metric].mean(), rel=1e-12)
         assert row.vocab_size == MODELS[row.family][0] and row.hidden_size == MODELS[row.family][1]
-    for key, lr in SELECTED.items():
-        assert table.set_index(["sft_dataset", "family", "label_smoothing"]).at[key, "learning_rate"] == lr
+    indexed = table.set_index(["sft_dataset", "family", "label_smoothing"])
+    for key, (lr, criterion) in SELECTED.items():
+        assert (indexed.at[key, "learning_rate"], indexed.at[key, "selected_by"]) == (lr, criterion)
     tulu = table[(table["sft_dataset"] == "tulu3") & (table["family"] == "small")]
     assert list(tulu["n_trials"]) == [2, 2]
     assert tulu["mmlu_accuracy"].tolist() == pytest.approx([20 / N_QUESTIONS, 25 / N_QUESTIONS])
