@@ -93,7 +93,7 @@ def run_calsweep(args) -> dict:
             loss = step()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
-        name = "calsweep (DeepSpeed ZeRO-%d, fused LS-CE%s)" % (args.zero_stage, ", compiled layers" if compiled else "")
+        name = f"calsweep (DeepSpeed ZeRO-{args.zero_stage}, fused LS-CE{', compiled layers' if compiled else ''})"
         result = _result(name, args, seconds, flops, float(loss))
         if args.profile:
             _profile(step, args.profile)
@@ -173,7 +173,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--zero-stage", type=int, default=2)
-    parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps, print the table")
+    parser.add_argument("--profile", type=int, default=0,
+                        help="calsweep: profile this many extra steps, print the table")
     parser.add_argument("--out", default="sft_throughput.json")
     args = parser.parse_args()
     if args.impl != "all":

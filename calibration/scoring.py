@@ -37,8 +37,9 @@ def score_prompts(model: Any, tokenizer: Any, prompts: Sequence[Prompt], *, batc
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), sdpa_kernel(SCORING_ATTENTION), tqdm(total=sum(len(g.rows) for g in groups), desc=desc, unit="row",
-                                          disable=not progress, leave=False) as bar:
+        rows = sum(len(g.rows) for g in groups)
+        with torch.inference_mode(), sdpa_kernel(SCORING_ATTENTION), \
+                tqdm(total=rows, desc=desc, unit="row", disable=not progress, leave=False) as bar:
             for group in groups:
                 _score_group(model, group, loglik, batch_size, bar)
     finally:

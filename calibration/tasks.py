@@ -125,7 +125,8 @@ def load_hellaswag(split: str, *, data_dir: str | Path | None = None) -> list[Qu
     root = resolve_data_dir(data_dir)
     if root is not None:
         path = root / "hellaswag" / f"hellaswag_{split}.jsonl"
-        return [_hellaswag_question(record, i, f"{path}:{line}") for i, (line, record) in enumerate(_read_jsonl(path))]
+        return [_hellaswag_question(record, i, f"{path}:{line}")
+                for i, (line, record) in enumerate(_read_jsonl(path))]
     rows = load_hub_dataset("Rowan/hellaswag", name=None, split=HELLASWAG_SPLITS[split],
                             local_hint="hellaswag/hellaswag_{train,val}.jsonl")
     return [_hellaswag_question(dict(r), i, f"Rowan/hellaswag row {i}") for i, r in enumerate(rows)]
