@@ -19,8 +19,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from trainable.config import TrialConfig
 from trainable.compiled import compile_wanted, compiled_decoder_layers
+from trainable.config import TrialConfig
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.models import load_model, load_tokenizer, model_facts, resolve_model
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
@@ -112,6 +112,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     train_started = time.time()
     tokens = 0
     losses: list[float] = []
+    val_loss: float | None = None
     with compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
         for step in range(1, total_steps + 1):
             step_loss = torch.zeros((), device=device)  # summed on the device: one host sync per optimiser step
@@ -127,15 +128,18 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                 raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
                                          f"expected a finite loss (lower the learning rate {trial.learning_rate})")
             losses.append(step_loss)
-            step_metrics = {}
-            if held_out and (step == total_steps or (trial.train.val_every and step % trial.train.val_every == 0)):
-                step_metrics["val_loss"] = validation_loss(engine, held_out, trial.train.micro_batch_size,
-                                                      tokenizer.pad_token_id, device, pad_to)
-            if step_metrics or step % trial.train.log_every == 0 or step == total_steps:
+            confidence = wrapped.last_confidence  # of the last training batch: validation overwrites the attribute
+            every = trial.train.val_every
+            validate = held_out and (step == total_steps or (every and step % every == 0))
+            if validate:
+                val_loss = validation_loss(engine, held_out, trial.train.micro_batch_size, tokenizer.pad_token_id,
+                                           device, pad_to)
+            if validate or step % trial.train.log_every == 0 or step == total_steps:
                 elapsed = time.time() - train_started
                 report({"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
-                        "confidence": float(wrapped.last_confidence), "lr": engine.get_lr()[0],
-                        "tokens_per_s": tokens * world_size / max(elapsed, 1e-9), **step_metrics})
+                        "confidence": float(confidence), "lr": engine.get_lr()[0],
+                        "tokens_per_s": tokens * world_size / max(elapsed, 1e-9),
+                        **({"val_loss": val_loss} if validate else {})})
     train_s = time.time() - train_started
 
     eval_started = time.time()
@@ -153,7 +157,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     final: dict[str, Any] = {
         "phase": "done", "step": total_steps, "total_steps": total_steps,
         "train_loss": losses[-1], "train_loss_first": losses[0], "train_steps": total_steps,
-        "val_loss": step_metrics.get("val_loss"), "train_confidence": float(wrapped.last_confidence),
+        "val_loss": val_loss, "train_confidence": float(confidence),
         "train_tokens": tokens * world_size, "tokens_per_s": tokens * world_size / max(train_s, 1e-9),
         "precision": precision, "device": str(device.type), "world_size": world_size,
         **{f"model_{k}": v for k, v in facts.items()},

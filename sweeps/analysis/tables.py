@@ -29,8 +29,8 @@ def write_table_one(table: pd.DataFrame, tasks: tuple[str, ...], n_bins: int, ou
     """table1.csv and table1.md: per SFT dataset x family x beta, Acc / ECE / RMS of each task at the selected lr."""
     metrics = [f"{t}_{m}" for t in tasks for m in TABLE_METRICS]
     csv = out / "table1.csv"
-    table[TABLE_ONE_COLUMNS + metrics + ["mean_accuracy", "val_loss", "train_loss", "selected_by",
-                                                  "trials"]].to_csv(csv, index=False)
+    extra = ["mean_accuracy", "val_loss", "train_loss", "selected_by", "trials"]
+    table[TABLE_ONE_COLUMNS + metrics + extra].to_csv(csv, index=False)
     shown = pd.DataFrame({"SFT data": table["sft_dataset"], "family": table["family"],
                           "beta": table["label_smoothing"].map("{:g}".format),
                           "lr": table["learning_rate"].map("{:g}".format), "n": table["n_trials"]})

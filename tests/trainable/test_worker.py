@@ -52,3 +52,13 @@ def test_validation_loss_is_reported_on_schedule_and_at_the_end(tiny_llama_confi
     with_val = [r["step"] for r in reports if r["phase"] == "train" and "val_loss" in r]
     assert with_val == [2, 3] and math.isfinite(final["val_loss"]) and final["val_loss"] > 0
     assert final["val_loss"] == [r["val_loss"] for r in reports if "val_loss" in r][-1]
+
+
+def test_reported_confidence_is_the_training_batch_s_not_the_validation_set_s(tiny_llama_config, data_dir, tmp_path,
+                                                                            one_rank_process_group):
+    # same data, weights and dropout draws (validation runs in eval mode, without gradients); only when it runs differs
+    _, with_val = _run(_trial(tiny_llama_config, data_dir, tmp_path, max_steps=3, val_examples=4, val_every=2))
+    _, without = _run(_trial(tiny_llama_config, data_dir, tmp_path, max_steps=3, val_examples=4))
+    assert "val_loss" in with_val[1] and "val_loss" not in without[1]
+    assert [r["confidence"] for r in with_val[:3]] == [r["confidence"] for r in without[:3]]
+    assert with_val[-1]["train_confidence"] == without[-1]["train_confidence"] == with_val[2]["confidence"]
