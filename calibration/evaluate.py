@@ -40,7 +40,7 @@ class EvalResult:
 
 def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig] = DEFAULT_TASKS, *,
                    data_dir: str | Path | None = None, limit: int | None = None, batch_size: int = 8,
-                   progress: bool = True, heldout: bool = False, n_bins: int = 15, n_boot: int = 0,
+                   batch_tokens: int | None = None, progress: bool = True, heldout: bool = False, n_bins: int = 15, n_boot: int = 0,
                    share_prefix: bool = True) -> EvalResult:
     """Score ``tasks`` (the first ``limit`` questions of each) and summarise accuracy and calibration.
 
@@ -61,7 +61,8 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig]
             splits.append(with_split(config, config.fit_split))
         for part in splits:
             questions, prompts = load_prompts(part, data_dir=data_dir, limit=limit)
-            loglik = score_prompts(model, tokenizer, prompts, batch_size=batch_size, share_prefix=share_prefix,
+            loglik = score_prompts(model, tokenizer, prompts, batch_size=batch_size, batch_tokens=batch_tokens,
+                                   share_prefix=share_prefix,
                                    progress=progress, desc=f"{part.name}/{part.split}")
             tables.append(build_records(part.name, part.split, questions, prompts, loglik))
     records = pa.concat_tables(tables).cast(SCHEMA)
@@ -69,7 +70,8 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig]
     summary, intervals = summarize(records, split_of=split_of, n_bins=n_bins, temperatures=temperatures,
                                    n_boot=n_boot)
     run_config = {"tasks": [dataclasses.asdict(c) for c in configs], "report_splits": split_of,
-                  "fit_splits": fit_split_of, "limit": limit, "batch_size": batch_size, "n_bins": n_bins,
+                  "fit_splits": fit_split_of, "limit": limit, "batch_size": batch_size,
+                  "batch_tokens": batch_tokens, "n_bins": n_bins,
                   "share_prefix": share_prefix, "schema_version": SCHEMA_VERSION, "git_revision": git_revision()}
     return EvalResult(summary, records, intervals, run_config)
 
@@ -132,7 +134,9 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                         help="default bfloat16 on GPU, float32 on CPU")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8, help="rows per forward, at most")
+    parser.add_argument("--batch-tokens", type=int, default=None,
+                        help="padded row tokens (rows x width) per forward, at most (default: no cap)")
     parser.add_argument("--n-bins", type=int, default=15)
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for intervals (0: none)")
     parser.add_argument("--no-heldout", action="store_true", help="skip the held-out split and temperature scaling")
@@ -144,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
     model, tokenizer = load_pretrained(args.model, dtype=dtype, device=args.device)
     started = time.time()
     result = evaluate_model(model, tokenizer, configs, data_dir=args.data_dir, limit=args.limit,
-                            batch_size=args.batch_size, heldout=not args.no_heldout, n_bins=args.n_bins,
+                            batch_size=args.batch_size, batch_tokens=args.batch_tokens, heldout=not args.no_heldout, n_bins=args.n_bins,
                             n_boot=args.n_boot, share_prefix=not args.no_share_prefix)
     out = Path(args.out or Path("results") / "eval" / Path(args.model).name)
     out.mkdir(parents=True, exist_ok=True)

@@ -89,7 +89,8 @@ class EvalConfig:
 
     tasks: tuple[str, ...] = ("mmlu", "arc_easy", "hellaswag")  # [] trains without scoring (benchmarks)
     limit: int | None = None  # first K questions of each task; None = all
-    batch_size: int = 8
+    batch_size: int = 8  # rows per forward, at most
+    batch_tokens: int | None = None  # padded row tokens (rows x width) per forward, at most; None: no cap
     n_bins: int = 15
     temperature_scaling: bool = False  # also score each task's held-out split, fit T there, report *_ts metrics
 
@@ -219,7 +220,7 @@ def _check_sft(c: SFTConfig) -> list[str]:
 
 def _check_eval(c: EvalConfig) -> list[str]:
     problems = _positive("limit", c.limit, allow_none=True) + _positive("batch_size", c.batch_size)
-    problems += _positive("n_bins", c.n_bins)
+    problems += _positive("batch_tokens", c.batch_tokens, allow_none=True) + _positive("n_bins", c.n_bins)
     unknown = [t for t in c.tasks if t not in KNOWN_TASKS]
     if unknown:
         problems.append(f"tasks: expected a subset of {list(KNOWN_TASKS)}, got {unknown!r}")

@@ -147,7 +147,8 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     if trial.eval.tasks:
         engine.eval()
         result = evaluate_model(model, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
-                                limit=trial.eval.limit, batch_size=trial.eval.batch_size, n_bins=trial.eval.n_bins,
+                                limit=trial.eval.limit, batch_size=trial.eval.batch_size,
+                                batch_tokens=trial.eval.batch_tokens, n_bins=trial.eval.n_bins,
                                 heldout=trial.eval.temperature_scaling, progress=rank == 0)
         summary = result.summary
         if rank == 0:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from calibration.requests import encode_prompt
-from calibration.scoring import score_prompts
+from calibration.requests import Row, encode_prompt, plan
+from calibration.scoring import batches, checked_output_layer, score_prompts
 from calibration.task_config import TASKS, load_prompts
 
 
@@ -39,10 +39,13 @@ def prompts(mini_data):
 
 
 @pytest.mark.parametrize("model_name", ["llama", "gemma"])
-@pytest.mark.parametrize("share_prefix, batch_size", [(True, 1), (True, 3), (False, 4)])
-def test_matches_full_sequence_scoring(request, tokenizer, prompts, expected, model_name, share_prefix, batch_size):
+@pytest.mark.parametrize("share_prefix, batch_size, batch_tokens", [(True, 1, None), (True, 3, None), (False, 4, None),
+                                                                    (True, 64, 120), (False, 64, 300)])
+def test_matches_full_sequence_scoring(request, tokenizer, prompts, expected, model_name, share_prefix, batch_size,
+                                       batch_tokens):
     model = request.getfixturevalue(model_name)
-    got = score_prompts(model, tokenizer, prompts, batch_size=batch_size, share_prefix=share_prefix)
+    got = score_prompts(model, tokenizer, prompts, batch_size=batch_size, batch_tokens=batch_tokens,
+                        share_prefix=share_prefix)
     for e, g in zip(expected[model_name], got):
         np.testing.assert_allclose(g, e, rtol=0, atol=2e-4)
 
@@ -61,3 +64,37 @@ def test_restores_training_mode_and_checks_batch_size(llama, tokenizer, prompts)
     assert not llama.training
     with pytest.raises(ValueError, match="expected batch_size >= 1"):
         score_prompts(llama, tokenizer, prompts[:1], batch_size=0)
+    with pytest.raises(ValueError, match="expected batch_tokens >= 1 or None, got 0"):
+        score_prompts(llama, tokenizer, prompts[:1], batch_tokens=0)
+
+
+def test_reads_come_from_hidden_states_where_the_head_is_a_plain_softcapped_linear(llama, gemma, tokenizer, prompts):
+    groups = plan(tokenizer, prompts)
+    assert checked_output_layer(llama, groups).softcap is None
+    assert checked_output_layer(gemma, groups).softcap == 30.0  # Gemma's final-logit softcap, from its config
+
+
+def test_a_model_with_extra_logit_scaling_is_scored_through_its_own_logits(tokenizer, prompts):
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    torch.manual_seed(0)
+    granite = GraniteForCausalLM(GraniteConfig(  # logits = lm_head(h) / logits_scaling: not softcap(h W^T)
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, logits_scaling=4.0, max_position_embeddings=4096)).eval()
+    assert checked_output_layer(granite, plan(tokenizer, prompts)) is None
+    got = score_prompts(granite, tokenizer, prompts, batch_size=3)
+    for e, g in zip([reference_loglik(granite, tokenizer, p) for p in prompts], got):
+        np.testing.assert_allclose(g, e, rtol=0, atol=2e-4)
+
+
+def test_batches_hold_at_most_batch_size_rows_and_batch_tokens_padded_tokens():
+    rows = [Row(list(range(n))) for n in (3, 40, 7, 7, 12, 1, 25, 9, 2, 2, 60)]
+    for batch_size, batch_tokens in ((4, None), (100, 50), (3, 30), (1, 1)):
+        got = list(batches(rows, batch_size, batch_tokens))
+        assert sorted(len(r.tokens) for b in got for r in b) == sorted(len(r.tokens) for r in rows)
+        lengths = [len(r.tokens) for b in got for r in b]
+        assert lengths == sorted(lengths, reverse=True)  # longest first: a batch's first row sets its width
+        for batch in got:
+            assert len(batch) <= batch_size
+            assert len(batch) == 1 or batch_tokens is None or len(batch) * len(batch[0].tokens) <= batch_tokens
+    assert [len(b) for b in batches(rows, 100, 50)] == [1, 1, 2, 5, 2]  # 60 | 40 | 25,12 | 9,7,7,3,2 | 2,1
