@@ -47,26 +47,31 @@ class OutputLayer(NamedTuple):
 
 def score_prompts(model: Any, tokenizer: Any, prompts: Sequence[Prompt], *, batch_size: int = 8,
                   batch_tokens: int | None = None, share_prefix: bool = True, progress: bool = False,
-                  desc: str = "scoring") -> list[np.ndarray]:
+                  desc: str = "scoring", attention: Sequence[SDPBackend] | None = None) -> list[np.ndarray]:
     """Summed log-likelihood of every continuation of every prompt: ``[array(n_choices) per prompt]``."""
     groups = plan(tokenizer, prompts, share_prefix=share_prefix)
     return score_plan(model, groups, [len(p.continuations) for p in prompts], batch_size=batch_size,
-                      batch_tokens=batch_tokens, progress=progress, desc=desc)
+                      batch_tokens=batch_tokens, progress=progress, desc=desc, attention=attention)
 
 
 def score_plan(model: Any, groups: Sequence[Group], n_choices: Sequence[int], *, batch_size: int = 8,
-               batch_tokens: int | None = None, progress: bool = False, desc: str = "scoring") -> list[np.ndarray]:
-    """``score_prompts`` of an already tokenised plan (``calibration.requests.plan``)."""
+               batch_tokens: int | None = None, progress: bool = False, desc: str = "scoring",
+               attention: Sequence[SDPBackend] | None = None) -> list[np.ndarray]:
+    """``score_prompts`` of an already tokenised plan (``calibration.requests.plan``). Attention runs on the
+    kernels of SCORING_ATTENTION that are also in ``attention`` (None: all of them)."""
     if batch_size < 1:
         raise ValueError(f"expected batch_size >= 1, got {batch_size}")
     if batch_tokens is not None and batch_tokens < 1:
         raise ValueError(f"expected batch_tokens >= 1 or None, got {batch_tokens}")
+    kernels_kept = [k for k in SCORING_ATTENTION if attention is None or k in attention]
+    if not kernels_kept:
+        raise ValueError(f"expected attention kernels among {SCORING_ATTENTION}, got {list(attention or [])}")
     loglik = [np.zeros(n) for n in n_choices]
     was_training = model.training
     model.eval()
     try:
         rows = sum(len(g.rows) for g in groups)
-        with torch.inference_mode(), sdpa_kernel(SCORING_ATTENTION), \
+        with torch.inference_mode(), sdpa_kernel(kernels_kept), \
                 tqdm(total=rows, desc=desc, unit="row", disable=not progress, leave=False) as bar:
             head = checked_output_layer(model, groups)
             for group in groups:

@@ -56,6 +56,7 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("train_tokens", pa.int64()),
     pa.field("tokens_per_s", pa.float64()),
     pa.field("precision", pa.string()),
+    pa.field("attention", pa.string()),  # attention kernels the trial trained with (trainable.attention_check)
     pa.field("device", pa.string()),
     pa.field("world_size", pa.int64()),
     pa.field("wall_load_s", pa.float64()),

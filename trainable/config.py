@@ -77,6 +77,7 @@ class TrainConfig:
     loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
     compile: bool | None = None  # torch.compile each decoder layer; null: on CUDA only (CPU compiles take minutes)
     pad_to_multiple: int | None = None  # right-pad batches to a multiple of this width; null: 64 on CUDA, 1 on CPU
+    attention_check: bool = True  # before step 1: train with attention kernels that match the math kernel
     log_every: int = 10  # optimiser steps between progress reports (each one syncs the workers with Ray Train)
     val_examples: int = 0  # held out from the SFT data for a validation loss (what ASHA watches)
     val_every: int | None = None  # optimiser steps between validation losses; null: only at the end if val_examples

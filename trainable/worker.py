@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from trainable.attention_check import AttentionChoice, choose_attention
 from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.config import TrialConfig
 from trainable.lm_head import CausalLMWithFusedLoss
@@ -103,17 +104,24 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     from trainable.deepspeed_setup import build_engine
 
     engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
+    pad_to = trial.train.pad_to_multiple or (64 if device.type == "cuda" else 1)
+    attention = AttentionChoice("default", None, {"default": "not checked"})
+    if trial.train.attention_check:
+        probe = {k: v.to(device) for k, v in collate(examples[: trial.train.micro_batch_size], tokenizer.pad_token_id,
+                                                     pad_to).items()}
+        attention = choose_attention(model, lambda: engine.module(**probe))
+        if attention.name != "default" and rank == 0:
+            print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
     load_s = time.time() - started
 
     engine.train()
-    pad_to = trial.train.pad_to_multiple or (64 if device.type == "cuda" else 1)
     batches = iterate_batches(examples, trial.train.micro_batch_size, tokenizer.pad_token_id, trial.seed,
                               rank, world_size, pad_to)
     train_started = time.time()
     tokens = 0
     losses: list[float] = []
     val_loss: float | None = None
-    with compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
+    with attention.context(), compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
         for step in range(1, total_steps + 1):
             step_loss = torch.zeros((), device=device)  # summed on the device: one host sync per optimiser step
             for _ in range(trial.train.gradient_accumulation_steps):
@@ -149,7 +157,8 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         result = evaluate_model(model, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
                                 limit=trial.eval.limit, batch_size=trial.eval.batch_size,
                                 batch_tokens=trial.eval.batch_tokens, n_bins=trial.eval.n_bins,
-                                heldout=trial.eval.temperature_scaling, progress=rank == 0)
+                                heldout=trial.eval.temperature_scaling, progress=rank == 0,
+                                attention=attention.backends)
         summary = result.summary
         if rank == 0:
             write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
@@ -160,7 +169,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         "train_loss": losses[-1], "train_loss_first": losses[0], "train_steps": total_steps,
         "val_loss": val_loss, "train_confidence": float(confidence),
         "train_tokens": tokens * world_size, "tokens_per_s": tokens * world_size / max(train_s, 1e-9),
-        "precision": precision, "device": str(device.type), "world_size": world_size,
+        "precision": precision, "attention": attention.name, "device": str(device.type), "world_size": world_size,
         **{f"model_{k}": v for k, v in facts.items()},
         "model_source": spec.source, "model_location": spec.location,
         "wall_load_s": load_s, "wall_train_s": train_s, "wall_eval_s": eval_s,

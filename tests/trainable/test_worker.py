@@ -42,6 +42,7 @@ def test_zero_stages_train(tiny_llama_config, data_dir, tmp_path, one_rank_proce
     final, _ = _run(_trial(tiny_llama_config, data_dir, tmp_path, zero_stage=stage))
     assert math.isfinite(final["train_loss"]) and final["arc_easy_n_questions"] == 3
     assert final["val_loss"] is None and 0 < final["train_confidence"] <= 1
+    assert final["attention"] == "default"  # the pre-training check ran (also under ZeRO-3) and kept SDPA's choice
 
 
 def test_validation_loss_is_reported_on_schedule_and_at_the_end(tiny_llama_config, data_dir, tmp_path,

@@ -1,0 +1,97 @@
+"""Before training: do the attention kernels a trial would use compute what PyTorch's math kernel computes?
+
+``scaled_dot_product_attention`` picks a kernel (cuDNN, Flash, memory-efficient, math) per call from the shapes,
+dtype and mask, and a fast kernel can be wrong for a shape its library mishandles while raising nothing. On one
+real training micro-batch, in eval mode (no dropout), ``choose_attention`` computes the loss and its gradient
+with respect to the input embeddings (which flows back through every attention call) under each candidate
+kernel set, and keeps the first that agrees with the math kernel:
+
+    |loss - loss_math| <= LOSS_RTOL * |loss_math| + 1e-3   and   cos(grad, grad_math) >= MIN_COSINE.
+
+Disagreement between correct kernels is rounding (bf16: ~1e-3 relative); a wrong kernel differs by far more.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+LOSS_RTOL = 0.02
+MIN_COSINE = 0.99
+
+MATH = (SDPBackend.MATH,)
+# name -> kernels SDPA may pick from, fastest set first; None: SDPA's own choice among all of them
+CANDIDATES: tuple[tuple[str, tuple[SDPBackend, ...] | None], ...] = (
+    ("default", None),
+    ("flash_efficient", (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)),
+    ("math", MATH),
+)
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """The kernel set a trial trains with, and what each candidate measured against the math kernel."""
+
+    name: str
+    backends: tuple[SDPBackend, ...] | None
+    report: dict[str, str]  # candidate name -> "agrees ..." | "differs ..." | "fails: <error>"
+
+    def context(self):
+        """``sdpa_kernel(backends)``, or no restriction for SDPA's own choice."""
+        return sdpa_kernel(list(self.backends)) if self.backends is not None else nullcontext()
+
+
+def loss_and_input_grad(loss_fn: Callable[[], torch.Tensor], embedding: torch.nn.Module,
+                        backends: Sequence[SDPBackend] | None) -> tuple[float, torch.Tensor]:
+    """(loss, d loss / d embedding output) of one forward under ``backends``; parameters' .grad untouched."""
+    captured: list[torch.Tensor] = []
+    handle = embedding.register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
+        with torch.enable_grad(), (sdpa_kernel(list(backends)) if backends is not None else nullcontext()):
+            loss = loss_fn()
+            (grad,) = torch.autograd.grad(loss, captured[-1])
+    finally:
+        handle.remove()
+    return float(loss.detach()), grad.detach().float().flatten()
+
+
+def agreement(loss: float, grad: torch.Tensor, ref_loss: float, ref_grad: torch.Tensor) -> tuple[bool, str]:
+    """(agrees, description) of a candidate's loss and input gradient against the math kernel's."""
+    cosine = float(torch.nn.functional.cosine_similarity(grad, ref_grad, dim=0, eps=1e-30))
+    agrees = abs(loss - ref_loss) <= LOSS_RTOL * abs(ref_loss) + 1e-3 and cosine >= MIN_COSINE
+    return agrees, f"{'agrees' if agrees else 'differs'}: loss {loss:.4f} vs {ref_loss:.4f}, grad cosine {cosine:.4f}"
+
+
+def choose_attention(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor],
+                     candidates: Sequence[tuple[str, tuple[SDPBackend, ...] | None]] = CANDIDATES
+                     ) -> AttentionChoice:
+    """The first candidate whose loss and input gradient agree with the math kernel's (math itself if none).
+
+    ``model`` is the Hugging Face model (its input embedding is hooked); ``loss_fn()`` runs one forward of a fixed
+    batch and returns the scalar loss. The model is in eval mode during the check and restored afterwards.
+    """
+    was_training = model.training
+    model.eval()
+    embedding = model.get_input_embeddings()
+    report: dict[str, str] = {}
+    try:
+        ref_loss, ref_grad = loss_and_input_grad(loss_fn, embedding, MATH)
+        for name, backends in candidates:
+            if backends == MATH:
+                report[name] = "reference"
+                return AttentionChoice(name, backends, report)
+            try:
+                loss, grad = loss_and_input_grad(loss_fn, embedding, backends)
+            except RuntimeError as error:  # e.g. no kernel of the set supports this shape or device
+                report[name] = f"fails: {str(error).splitlines()[0]}"
+                continue
+            agrees, report[name] = agreement(loss, grad, ref_loss, ref_grad)
+            if agrees:
+                return AttentionChoice(name, backends, report)
+        return AttentionChoice("math", MATH, report)
+    finally:
+        model.train(was_training)
