@@ -17,8 +17,9 @@ from sweeps import store
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
 
 ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_first", "val_loss", "train_confidence", "train_steps",
-                         "train_tokens", "tokens_per_s", "precision", "device", "world_size", "model_source",
-                         "model_location", "wall_load_s", "wall_train_s", "wall_eval_s", "wall_total_s")
+                         "train_tokens", "tokens_per_s", "precision", "attention", "device", "world_size",
+                         "model_source", "model_location", "wall_load_s", "wall_train_s", "wall_eval_s",
+                         "wall_total_s")
 
 
 def _now() -> dt.datetime:

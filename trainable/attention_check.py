@@ -3,8 +3,8 @@
 ``scaled_dot_product_attention`` picks a kernel (cuDNN, Flash, memory-efficient, math) per call from the shapes,
 dtype and mask, and a fast kernel can be wrong for a shape its library mishandles while raising nothing. On one
 real training micro-batch, in eval mode (no dropout), ``choose_attention`` computes the loss and its gradient
-with respect to the input embeddings (which flows back through every attention call) under each candidate
-kernel set, and keeps the first that agrees with the math kernel:
+with respect to the input embeddings (which flows back through every attention call) under the candidate kernel
+sets in turn (SDPA's own choice first) and keeps the first that agrees with the math kernel:
 
     |loss - loss_math| <= LOSS_RTOL * |loss_math| + 1e-3   and   cos(grad, grad_math) >= MIN_COSINE.
 
@@ -72,7 +72,9 @@ def choose_attention(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor]
     """The first candidate whose loss and input gradient agree with the math kernel's (math itself if none).
 
     ``model`` is the Hugging Face model (its input embedding is hooked); ``loss_fn()`` runs one forward of a fixed
-    batch and returns the scalar loss. The model is in eval mode during the check and restored afterwards.
+    batch and returns the scalar loss. The model is in eval mode during the check and restored afterwards. With
+    torch.distributed initialised a candidate is kept only if it agrees on every rank, so all ranks run the same
+    forwards (as ZeRO-3's gathers need) and train with the same kernels.
     """
     was_training = model.training
     model.eval()
@@ -82,16 +84,26 @@ def choose_attention(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor]
         ref_loss, ref_grad = loss_and_input_grad(loss_fn, embedding, MATH)
         for name, backends in candidates:
             if backends == MATH:
-                report[name] = "reference"
-                return AttentionChoice(name, backends, report)
+                break
             try:
                 loss, grad = loss_and_input_grad(loss_fn, embedding, backends)
+                agrees, report[name] = agreement(loss, grad, ref_loss, ref_grad)
             except RuntimeError as error:  # e.g. no kernel of the set supports this shape or device
-                report[name] = f"fails: {str(error).splitlines()[0]}"
-                continue
-            agrees, report[name] = agreement(loss, grad, ref_loss, ref_grad)
-            if agrees:
+                agrees, report[name] = False, f"fails: {str(error).splitlines()[0]}"
+            if _on_every_rank(agrees, ref_grad.device):
                 return AttentionChoice(name, backends, report)
-        return AttentionChoice("math", MATH, report)
     finally:
         model.train(was_training)
+    report["math"] = "reference"
+    return AttentionChoice("math", MATH, report)
+
+
+def _on_every_rank(flag: bool, device: torch.device) -> bool:
+    """``flag`` and-reduced over the torch.distributed group (just ``flag`` without one)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    if torch.distributed.get_backend() != "nccl":
+        device = torch.device("cpu")
+    value = torch.tensor([int(flag)], device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
+    return bool(value.item())

@@ -41,6 +41,11 @@ def test_a_kernel_set_that_cannot_run_is_skipped_for_the_next(wrapped_and_batch)
     assert choice.report["cudnn_only"].startswith("fails:") and choice.report["math"] == "reference"
 
 
+def test_the_ranks_keep_a_candidate_only_if_it_agrees_on_all_of_them(wrapped_and_batch, one_rank_process_group):
+    wrapped, batch = wrapped_and_batch  # a one-rank gloo group: the and-reduction runs and keeps the agreement
+    assert choose_attention(wrapped.model, lambda: wrapped(**batch)).name == "default"
+
+
 def test_the_input_gradient_matches_autograd_through_the_whole_model(wrapped_and_batch):
     wrapped, batch = wrapped_and_batch
     wrapped.eval()
