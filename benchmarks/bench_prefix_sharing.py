@@ -99,8 +99,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name, row in (("shared prefix", shared), ("no sharing", full)):
         print(f"{name:<14}{row['seconds']:>10.2f}{row['tokenize_s']:>12.2f}{row['model_s']:>10.2f}"
               f"{row['questions_per_s']:>14.2f}{row['tokens']:>12}{100 * row['accuracy']:>9.2f}%")
-    print(f"speed-up {report['speedup']:.2f}x (model time alone {report['model_speedup']:.2f}x); max |delta loglik| {report['max_abs_loglik_diff']:.2e}; "
-          f"{report['predictions_differ']} predictions differ")
+    print(f"speed-up {report['speedup']:.2f}x (model time alone {report['model_speedup']:.2f}x); "
+          f"max |delta loglik| {report['max_abs_loglik_diff']:.2e}; {report['predictions_differ']} predictions differ")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -41,8 +41,9 @@ class EvalResult:
 
 def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig] = DEFAULT_TASKS, *,
                    data_dir: str | Path | None = None, limit: int | None = None, batch_size: int = 8,
-                   batch_tokens: int | None = None, progress: bool = True, heldout: bool = False, n_bins: int = 15, n_boot: int = 0,
-                   share_prefix: bool = True, attention: Sequence[SDPBackend] | None = None) -> EvalResult:
+                   batch_tokens: int | None = None, progress: bool = True, heldout: bool = False, n_bins: int = 15,
+                   n_boot: int = 0, share_prefix: bool = True,
+                   attention: Sequence[SDPBackend] | None = None) -> EvalResult:
     """Score ``tasks`` (the first ``limit`` questions of each) and summarise accuracy and calibration.
 
     The model is put in eval mode and restored afterwards. With ``heldout=True`` each task's ``fit_split`` is
@@ -150,8 +151,8 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
     model, tokenizer = load_pretrained(args.model, dtype=dtype, device=args.device)
     started = time.time()
     result = evaluate_model(model, tokenizer, configs, data_dir=args.data_dir, limit=args.limit,
-                            batch_size=args.batch_size, batch_tokens=args.batch_tokens, heldout=not args.no_heldout, n_bins=args.n_bins,
-                            n_boot=args.n_boot, share_prefix=not args.no_share_prefix)
+                            batch_size=args.batch_size, batch_tokens=args.batch_tokens, heldout=not args.no_heldout,
+                            n_bins=args.n_bins, n_boot=args.n_boot, share_prefix=not args.no_share_prefix)
     out = Path(args.out or Path("results") / "eval" / Path(args.model).name)
     out.mkdir(parents=True, exist_ok=True)
     temperatures = {t: s["temperature"] for t, s in result.summary.items() if "temperature" in s}

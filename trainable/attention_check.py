@@ -41,8 +41,13 @@ class AttentionChoice:
     report: dict[str, str]  # candidate name -> "agrees ..." | "differs ..." | "fails: <error>"
 
     def context(self):
-        """``sdpa_kernel(backends)``, or no restriction for SDPA's own choice."""
-        return sdpa_kernel(list(self.backends)) if self.backends is not None else nullcontext()
+        """The kernels to train and score with, as a context manager."""
+        return kernels(self.backends)
+
+
+def kernels(backends: Sequence[SDPBackend] | None):
+    """``sdpa_kernel(backends)``, or no restriction (SDPA's own choice) for None."""
+    return sdpa_kernel(list(backends)) if backends is not None else nullcontext()
 
 
 def loss_and_input_grad(loss_fn: Callable[[], torch.Tensor], embedding: torch.nn.Module,
@@ -51,7 +56,7 @@ def loss_and_input_grad(loss_fn: Callable[[], torch.Tensor], embedding: torch.nn
     captured: list[torch.Tensor] = []
     handle = embedding.register_forward_hook(lambda module, args, output: captured.append(output))
     try:
-        with torch.enable_grad(), (sdpa_kernel(list(backends)) if backends is not None else nullcontext()):
+        with torch.enable_grad(), kernels(backends):
             loss = loss_fn()
             (grad,) = torch.autograd.grad(loss, captured[-1])
     finally:
