@@ -105,12 +105,12 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
 
     engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
     pad_to = trial.train.pad_to_multiple or (64 if device.type == "cuda" else 1)
-    attention = AttentionChoice("default", None, {"default": "not checked"})
+    attention = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
     if trial.train.attention_check:
         probe = {k: v.to(device) for k, v in collate(examples[: trial.train.micro_batch_size], tokenizer.pad_token_id,
                                                      pad_to).items()}
         attention = choose_attention(model, lambda: engine.module(**probe))
-        if attention.name != "default" and rank == 0:
+        if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
             print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
     load_s = time.time() - started
 

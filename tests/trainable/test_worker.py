@@ -63,3 +63,9 @@ def test_reported_confidence_is_the_training_batch_s_not_the_validation_set_s(ti
     assert "val_loss" in with_val[1] and "val_loss" not in without[1]
     assert [r["confidence"] for r in with_val[:3]] == [r["confidence"] for r in without[:3]]
     assert with_val[-1]["train_confidence"] == without[-1]["train_confidence"] == with_val[2]["confidence"]
+
+
+def test_without_the_attention_check_the_row_says_unchecked(tiny_llama_config, data_dir, tmp_path,
+                                                           one_rank_process_group):
+    final, _ = _run(_trial(tiny_llama_config, data_dir, tmp_path, attention_check=False))
+    assert final["attention"] == "unchecked" and math.isfinite(final["train_loss"])
