@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="registry name, hub id or local path")
-    parser.add_argument("--limit", type=int, default=1000, help="first N MMLU test questions")
+    parser.add_argument("--limit", type=int, default=None, help="first N MMLU test questions (default: all 14,042)")
     parser.add_argument("--batch-size", type=int, default=256, help="rows per forward, at most")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded row tokens per forward, at most")
     parser.add_argument("--data-dir", default=None)

@@ -1,23 +1,27 @@
 """Run a plan of shared-prefix rows through a causal LM and sum the continuation log-likelihoods.
 
-Per group: one forward over the prefix gives its KV cache; every batch of rows (right-padded, so padding only
-follows real tokens and needs no mask) runs off a copy of that cache repeated to the batch size. A batch holds
-at most ``batch_size`` rows and, with ``batch_tokens``, at most that many padded row tokens (rows x width), so
-short rows (a question after a cached 5-shot prefix) batch many to a forward and long rows few.
+Groups are taken in chunks whose prefixes run as one forward, left-padded to a common length (pads first, masked,
+positions counted from each prefix's first real token), which gives the chunk's KV cache. Rows of every group
+of the chunk are then batched together (right-padded: padding only follows real tokens), each row running off
+its own group's prefix cache (gathered per batch) with the prefix's padding masked out. Left padding keeps the
+distance between a row token and every prefix token the unpadded one, so sliding-window layers see what they
+would see on the full sequence. A batch holds at most ``batch_size`` rows and, with ``batch_tokens``, at most
+that many padded row tokens (rows x width); short rows (a question after a cached 5-shot prefix) batch many to
+a forward, and one forward serves many groups (MMLU: 57 subjects, each a few hundred questions).
 
 Log-likelihoods come from the decoder's last hidden states at the (row, position) pairs some ``Read`` needs,
 through ``kernels.linear_cross_entropy(h, W, target, reduction="none", softcap=s)`` = -log softmax(s tanh(h W^T
 / s))[target]: no (batch x positions x vocabulary) logits are formed, so a 262k vocabulary costs nothing extra.
 That rests on logits = softcap(hidden @ W^T) with W the output embedding; it is checked once per call against
 the model's own logits, and a model for which it does not hold (extra logit scaling) is scored through its own
-forward with ``logits_to_keep`` instead.
+forward with ``logits_to_keep`` instead. Values stay on the device until the end: one host sync per call.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +32,8 @@ from tqdm.auto import tqdm
 import kernels
 from calibration.prompts import Prompt
 from calibration.requests import Group, Read, Row, plan
+
+T = TypeVar("T")
 
 # cuDNN attention builds an execution plan for every new (batch, query, key) shape, ~0.2 s each on an H100, and
 # scoring rows vary in length batch to batch: the other kernels take any shape at no setup cost
@@ -66,7 +72,7 @@ def score_plan(model: Any, groups: Sequence[Group], n_choices: Sequence[int], *,
     kernels_kept = [k for k in SCORING_ATTENTION if attention is None or k in attention]
     if not kernels_kept:
         raise ValueError(f"expected attention kernels among {SCORING_ATTENTION}, got {list(attention or [])}")
-    loglik = [np.zeros(n) for n in n_choices]
+    sink = _Sink(n_choices)
     was_training = model.training
     model.eval()
     try:
@@ -74,11 +80,11 @@ def score_plan(model: Any, groups: Sequence[Group], n_choices: Sequence[int], *,
         with torch.inference_mode(), sdpa_kernel(kernels_kept), \
                 tqdm(total=rows, desc=desc, unit="row", disable=not progress, leave=False) as bar:
             head = checked_output_layer(model, groups)
-            for group in groups:
-                _score_group(model, head, group, loglik, batch_size, batch_tokens, bar)
+            for chunk in prefix_chunks(groups, batch_size, batch_tokens):
+                _score_chunk(model, head, chunk, sink, batch_size, batch_tokens, bar)
+            return sink.result()
     finally:
         model.train(was_training)
-    return loglik
 
 
 def output_layer(model: Any) -> OutputLayer | None:
@@ -108,75 +114,145 @@ def checked_output_layer(model: Any, groups: Sequence[Group]) -> OutputLayer | N
     return head if float((got - expected).abs().max()) <= 2 ** -6 * float(expected.abs().max()) + 1e-6 else None
 
 
-def batches(rows: Sequence[Row], batch_size: int, batch_tokens: int | None) -> Iterator[list[Row]]:
-    """Rows longest first, cut into batches of <= batch_size rows and <= batch_tokens padded tokens (a longer
-    row runs alone)."""
-    batch: list[Row] = []
-    for row in sorted(rows, key=lambda r: len(r.tokens), reverse=True):
-        width = len(batch[0].tokens) if batch else len(row.tokens)  # longest first: the first row sets the width
+def batches(items: Sequence[T], batch_size: int, batch_tokens: int | None,
+            length: Callable[[T], int] = lambda row: len(row.tokens)) -> Iterator[list[T]]:
+    """Items (rows) longest first, cut into batches of <= batch_size items and <= batch_tokens padded tokens
+    (a longer item runs alone)."""
+    batch: list[T] = []
+    for item in sorted(items, key=length, reverse=True):
+        width = length(batch[0]) if batch else length(item)  # longest first: the first item sets the width
         if batch and (len(batch) == batch_size or (batch_tokens and (len(batch) + 1) * width > batch_tokens)):
             yield batch
             batch = []
-        batch.append(row)
+        batch.append(item)
     if batch:
         yield batch
 
 
-def _score_group(model: Any, head: OutputLayer | None, group: Group, loglik: list[np.ndarray], batch_size: int,
+class PrefixCache(NamedTuple):
+    """The KV cache of a chunk of group prefixes, left-padded to one length: pads come first, so the distance
+    between a row token and every prefix token (what sliding-window attention limits) is the unpadded one."""
+
+    cache: Any
+    mask: torch.Tensor  # (groups, width), 0 over the left padding
+    lengths: torch.Tensor  # (groups,) real prefix tokens
+
+
+def _score_chunk(model: Any, head: OutputLayer | None, groups: Sequence[Group], sink: "_Sink", batch_size: int,
                  batch_tokens: int | None, bar: tqdm) -> None:
+    """Run the chunk's prefixes in one forward, then its rows, batched across groups, off that cache."""
     device = next(model.parameters()).device
-    cache = None
-    if group.prefix:
-        prefix = torch.tensor([group.prefix], device=device)
-        cache = model(input_ids=prefix, use_cache=True, **_keep(model, 1)).past_key_values
-    for batch in batches(group.rows, batch_size, batch_tokens):
-        past = None
-        if cache is not None:
-            past = copy.deepcopy(cache)
-            past.batch_repeat_interleave(len(batch))
-        ids = _padded(batch).to(device)
-        reads = [(i, read) for i, row in enumerate(batch) for read in row.reads]
-        if head is None:
-            values = _read_from_logits(model, ids, past, reads)
-        else:
-            values = _read_from_hidden(model, head, ids, past, reads)
-        for (_, read), value in zip(reads, values.tolist()):
-            loglik[read.question][read.choice] += value
+    prefix = _prefix_cache(model, groups, device) if any(g.prefix for g in groups) else None
+    items = [(g, row) for g, group in enumerate(groups) for row in group.rows]
+    for batch in batches(items, batch_size, batch_tokens, length=lambda item: len(item[1].tokens)):
+        ids, row_mask = _padded([row for _, row in batch])
+        ids, row_mask = ids.to(device), row_mask.to(device)
+        inputs: dict[str, Any] = {"input_ids": ids}
+        if prefix is not None:
+            owner = torch.tensor([g for g, _ in batch], device=device)
+            past = copy.deepcopy(prefix.cache)
+            past.batch_select_indices(owner)
+            inputs.update(past_key_values=past, use_cache=True,
+                          attention_mask=torch.cat([prefix.mask[owner], row_mask], dim=1),
+                          position_ids=prefix.lengths[owner, None] + torch.arange(ids.shape[1], device=device))
+        reads = [(i, read) for i, (_, row) in enumerate(batch) for read in row.reads]
+        values = _read_from_logits(model, inputs, reads) if head is None else _read_from_hidden(model, head, inputs,
+                                                                                                reads)
+        sink.add(values, reads)
         bar.update(len(batch))
 
 
-def _padded(batch: list[Row]) -> torch.Tensor:
-    ids = torch.zeros(len(batch), max(len(r.tokens) for r in batch), dtype=torch.long)
+def _prefix_cache(model: Any, groups: Sequence[Group], device: torch.device) -> PrefixCache:
+    width = max(len(g.prefix) for g in groups)
+    ids = torch.zeros(len(groups), width, dtype=torch.long)
+    mask = torch.zeros(len(groups), width, dtype=torch.long)
+    for i, group in enumerate(groups):
+        if group.prefix:
+            ids[i, width - len(group.prefix):] = torch.tensor(group.prefix)
+            mask[i, width - len(group.prefix):] = 1
+    lengths = mask.sum(1)
+    positions = (torch.arange(width) - (width - lengths)[:, None]).clamp_min(0)
+    ids, mask, lengths, positions = ids.to(device), mask.to(device), lengths.to(device), positions.to(device)
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model
+    keep = {} if body is not model else _keep(model, 1)
+    out = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **keep)
+    return PrefixCache(out.past_key_values, mask, lengths)
+
+
+def prefix_chunks(groups: Sequence[Group], batch_size: int, batch_tokens: int | None) -> Iterator[list[Group]]:
+    """Consecutive groups whose prefixes run as one forward: <= batch_size prefixes and <= batch_tokens
+    left-padded prefix tokens (a longer prefix runs alone); groups without a prefix (no sharing) in one chunk."""
+    chunk: list[Group] = []
+    for group in groups:
+        width = max([len(group.prefix)] + [len(g.prefix) for g in chunk])
+        if chunk and (len(chunk) == batch_size or (batch_tokens and (len(chunk) + 1) * width > batch_tokens)):
+            yield chunk
+            chunk = []
+        chunk.append(group)
+    if chunk:
+        yield chunk
+
+
+class _Sink:
+    """Log-likelihood terms kept on the device and summed into per-question arrays once, at the end (no host
+    sync per batch, so the host queues the next batch while the device runs this one)."""
+
+    def __init__(self, n_choices: Sequence[int]):
+        self.n_choices = list(n_choices)
+        self.offsets = np.concatenate([[0], np.cumsum(self.n_choices)]).astype(np.int64)
+        self.values: list[torch.Tensor] = []
+        self.slots: list[np.ndarray] = []
+
+    def add(self, values: torch.Tensor, reads: list[tuple[int, Read]]) -> None:
+        self.values.append(values)
+        self.slots.append(np.array([self.offsets[r.question] + r.choice for _, r in reads], dtype=np.int64))
+
+    def result(self) -> list[np.ndarray]:
+        flat = np.zeros(int(self.offsets[-1]))
+        if self.values:
+            np.add.at(flat, np.concatenate(self.slots), torch.cat(self.values).double().cpu().numpy())
+        return [flat[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:])]
+
+
+def _padded(batch: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded token ids and their attention mask (1 over real tokens)."""
+    width = max(len(r.tokens) for r in batch)
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
     for i, row in enumerate(batch):
         ids[i, : len(row.tokens)] = torch.tensor(row.tokens)
-    return ids
+        mask[i, : len(row.tokens)] = 1
+    return ids, mask
 
 
-def _read_from_hidden(model: Any, head: OutputLayer, ids: torch.Tensor, past: Any,
+def _read_from_hidden(model: Any, head: OutputLayer, inputs: dict[str, Any],
                       reads: list[tuple[int, Read]]) -> torch.Tensor:
-    """log p(read.target) for every read, from the decoder's hidden states through the fused kernel."""
-    hidden = model.get_decoder()(input_ids=ids, past_key_values=past, use_cache=past is not None).last_hidden_state
-    rows = torch.tensor([i for i, _ in reads], device=ids.device)
-    positions = torch.tensor([read.position for _, read in reads], device=ids.device)
-    targets = torch.tensor([read.target for _, read in reads], device=ids.device)
-    nll = kernels.linear_cross_entropy(hidden[rows, positions], head.weight, targets, reduction="none",
-                                       softcap=head.softcap)
-    return (-nll).double().cpu()
+    """log p(read.target) for every read (float32, on the device), from the decoder's hidden states through the
+    fused kernel."""
+    hidden = model.get_decoder()(**inputs).last_hidden_state
+    device = hidden.device
+    rows = torch.tensor([i for i, _ in reads], device=device)
+    positions = torch.tensor([read.position for _, read in reads], device=device)
+    targets = torch.tensor([read.target for _, read in reads], device=device)
+    return -kernels.linear_cross_entropy(hidden[rows, positions], head.weight, targets, reduction="none",
+                                         softcap=head.softcap)
 
 
-def _read_from_logits(model: Any, ids: torch.Tensor, past: Any, reads: list[tuple[int, Read]]) -> torch.Tensor:
-    """log p(read.target) for every read, from the model's logits at the positions the batch reads."""
+def _read_from_logits(model: Any, inputs: dict[str, Any], reads: list[tuple[int, Read]]) -> torch.Tensor:
+    """log p(read.target) for every read (float32, on the device), from the model's logits at the positions the
+    batch reads."""
+    device = inputs["input_ids"].device
     columns = sorted({read.position for _, read in reads})
     column_of = {position: k for k, position in enumerate(columns)}
-    kwargs = _keep(model, torch.tensor(columns, device=ids.device))
-    logits = model(input_ids=ids, past_key_values=past, use_cache=past is not None, **kwargs).logits
+    kwargs = _keep(model, torch.tensor(columns, device=device))
+    logits = model(**inputs, **kwargs).logits
     if "logits_to_keep" not in kwargs:  # the model computed every position: select the read ones here
         logits = logits[:, columns]
-    rows = torch.tensor([i for i, _ in reads], device=ids.device)
-    cols = torch.tensor([column_of[read.position] for _, read in reads], device=ids.device)
-    targets = torch.tensor([read.target for _, read in reads], device=ids.device)
+    rows = torch.tensor([i for i, _ in reads], device=device)
+    cols = torch.tensor([column_of[read.position] for _, read in reads], device=device)
+    targets = torch.tensor([read.target for _, read in reads], device=device)
     logprobs = logits[rows, cols].float().log_softmax(-1)
-    return logprobs.gather(1, targets[:, None]).squeeze(1).double().cpu()
+    return logprobs.gather(1, targets[:, None]).squeeze(1)
 
 
 def _keep(model: Any, keep: int | torch.Tensor) -> dict[str, Any]:

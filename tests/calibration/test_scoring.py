@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from calibration.requests import Row, encode_prompt, plan
-from calibration.scoring import batches, checked_output_layer, score_prompts
+from calibration.requests import Group, Row, encode_prompt, plan
+from calibration.scoring import batches, checked_output_layer, prefix_chunks, score_prompts
 from calibration.task_config import TASKS, load_prompts
 
 
@@ -48,6 +48,31 @@ def test_matches_full_sequence_scoring(request, tokenizer, prompts, expected, mo
                         share_prefix=share_prefix)
     for e, g in zip(expected[model_name], got):
         np.testing.assert_allclose(g, e, rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("model_name", ["llama", "gemma"])
+@pytest.mark.parametrize("batch_size, batch_tokens", [(64, None), (2, 4000)])
+def test_rows_of_several_subjects_share_one_forward_off_left_padded_prefixes(request, tokenizer, shared_data,
+                                                                              model_name, batch_size, batch_tokens):
+    """Real 5-shot MMLU prompts of three subjects (prefixes of different lengths, all far longer than the tiny
+    Gemma's sliding window of 8): one chunk of prefixes, rows of every subject in each batch; and chunks cut by
+    batch_size."""
+    model = request.getfixturevalue(model_name)
+    every = load_prompts(TASKS["mmlu"], data_dir=shared_data, limit=400)[1]
+    chosen = [every[i] for i in (0, 1, 100, 101, 250, 251)]
+    groups = plan(tokenizer, chosen)
+    assert len({len(g.prefix) for g in groups}) == 3
+    chunks = list(prefix_chunks(groups, batch_size, batch_tokens))
+    assert len(chunks) == (1 if batch_tokens is None else 2)
+    got = score_prompts(model, tokenizer, chosen, batch_size=batch_size, batch_tokens=batch_tokens)
+    for prompt, g in zip(chosen, got):
+        np.testing.assert_allclose(g, reference_loglik(model, tokenizer, prompt), rtol=0, atol=2e-4)
+
+
+def test_prefix_chunks_hold_at_most_batch_size_prefixes_and_batch_tokens_padded_tokens():
+    groups = [Group(list(range(n)), []) for n in (5, 9, 3, 30, 2, 2)]
+    assert [[len(g.prefix) for g in c] for c in prefix_chunks(groups, 2, None)] == [[5, 9], [3, 30], [2, 2]]
+    assert [[len(g.prefix) for g in c] for c in prefix_chunks(groups, 10, 20)] == [[5, 9], [3], [30], [2, 2]]
 
 
 def test_gemma_prefix_is_longer_than_its_sliding_window(tokenizer, prompts):
