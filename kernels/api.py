@@ -75,6 +75,13 @@ def _validate(
         raise ValueError(f"expected reduction in {_REDUCTIONS}, got {reduction!r}")
     if softcap is not None and not softcap > 0.0:
         raise ValueError(f"expected softcap None or > 0, got {softcap}")
+    vocab = weight.shape[0]
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+    if bool(bad.any()):
+        raise ValueError(
+            f"expected targets in [0, {vocab}) or == ignore_index ({ignore_index}), "
+            f"got {targets[bad][0].item()}"
+        )
 
 
 def linear_cross_entropy(
@@ -100,16 +107,10 @@ def linear_cross_entropy(
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1)
     backend = select_backend(flat_hidden)
-    # The range check is queued with the kernels and read once they are queued: the kernels see out-of-range
-    # targets as ignored, and the one host sync comes after the launches, not before them.
-    bad = (flat_targets != ignore_index) & ((flat_targets < 0) | (flat_targets >= weight.shape[0]))
     loss, lse, target_prob, max_prob = LinearCrossEntropyFunction.apply(
-        flat_hidden, weight, flat_targets.masked_fill(bad, ignore_index), backend, float(label_smoothing),
-        int(ignore_index), None if softcap is None else float(softcap),
+        flat_hidden, weight, flat_targets, backend, float(label_smoothing), int(ignore_index),
+        None if softcap is None else float(softcap),
     )
-    if bool(bad.any()):
-        raise ValueError(f"expected targets in [0, {weight.shape[0]}) or == ignore_index ({ignore_index}), "
-                         f"got {flat_targets[bad][0].item()}")
     if reduction == "sum":
         out = loss.sum()
     elif reduction == "mean":
