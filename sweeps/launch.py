@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dashboard", action="store_true",
                         help="start the Ray dashboard with the local Ray instance (a cluster has its own)")
     parser.add_argument("--name", default=None, help="run name (overrides the config's `name`)")
+    parser.add_argument("--families", default=None,
+                        help="comma-separated model families (overrides `families`), e.g. to run one half of a grid")
     parser.add_argument("--results-dir", default=None, help="results store root (overrides `results_dir`)")
     parser.add_argument("--data-dir", default=None,
                         help="local data root (overrides `data_dir`; default $CALSWEEP_DATA_DIR, else the hub)")
@@ -171,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             config = os.path.join(args.results_dir or "results", "runs", args.resume, "sweep.yaml")
             if not os.path.isfile(config):
                 raise ConfigError(f"--resume {args.resume!r}: expected a run saved at {config}, found none")
-        sweep = load_sweep(config, {"name": args.name, "results_dir": args.results_dir, "data_dir": args.data_dir})
+        families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
+        sweep = load_sweep(config, {"name": args.name, "results_dir": args.results_dir, "data_dir": args.data_dir,
+                                    "families": families})
         if "://" not in sweep.results_dir:
             sweep = dataclasses.replace(sweep, results_dir=os.path.abspath(sweep.results_dir))
         root = resolve_data_dir(sweep.data_dir)  # absolute, so that Ray workers in other directories find it

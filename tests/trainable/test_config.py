@@ -80,3 +80,11 @@ def test_cli_dry_run_lists_trials():
     out = _launch("--dry-run")
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.split()) == 4
+
+
+def test_cli_families_runs_one_half_of_a_grid():
+    out = _launch("--families", "gemma3-270m", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert [t.split("_")[0] for t in out.stdout.split()] == ["gemma3-270m", "gemma3-270m"]
+    bad = _launch("--families", "gemma3-270m,nosuch", "--dry-run")
+    assert bad.returncode == 2 and "unknown model family 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
