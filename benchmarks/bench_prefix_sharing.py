@@ -1,6 +1,6 @@
 """MMLU 5-shot questions per second with and without the shared k-shot prefix KV cache, same answers.
 
-    python benchmarks/bench_prefix_sharing.py --model smollm2-135m --limit 2000 \\
+    python benchmarks/bench_prefix_sharing.py --model gemma3-270m --plan-cache /tmp/plans \\
         --data-dir ../shared/data --out results/bench_prefix_sharing.json          # GPU: bf16 by default
     python benchmarks/bench_prefix_sharing.py --model smollm2-135m --limit 8 --device cpu --out /tmp/b.json
 
@@ -10,7 +10,9 @@ without, every question runs its full prompt. Both modes batch under the same ca
 ``--batch-tokens`` padded row tokens per forward), so a mode with short rows runs more of them per forward.
 Reported per mode: seconds (tokenising and model time apart), questions/s, tokens run through the model,
 accuracy; and across modes the speed-up, the largest log-likelihood difference and how many predicted answers
-differ (bf16 rounding can flip near-ties).
+differ (bf16 rounding can flip near-ties). With ``--plan-cache DIR`` each mode runs a second pass that reads
+its tokenised plan from DIR (``calibration.plan_cache``), as every trial of a sweep after the first does, and
+the speed-up of those passes is reported too.
 """
 
 from __future__ import annotations
@@ -28,18 +30,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file from any directory, uninstalled
 from calibration.evaluate import git_revision  # noqa: E402
-from calibration.requests import plan  # noqa: E402
+from calibration.plan_cache import cached_plan  # noqa: E402
 from calibration.scoring import score_plan, score_prompts  # noqa: E402
 from calibration.task_config import TASKS, load_prompts  # noqa: E402
 
 
 def run_mode(model: Any, tokenizer: Any, prompts: list, gold: np.ndarray, *, share_prefix: bool,
-             batch_size: int, batch_tokens: int | None) -> tuple[dict[str, float], list[np.ndarray]]:
-    """Time one full scoring pass, split into tokenising (the plan) and the model's forwards; tokens = prefix
-    tokens + row tokens actually run through the model."""
+             batch_size: int, batch_tokens: int | None, plan_cache: str | None = None
+             ) -> tuple[dict[str, float], list[np.ndarray]]:
+    """Time one full scoring pass, split into tokenising (the plan; read from ``plan_cache`` when it holds it)
+    and the model's forwards; tokens = prefix tokens + row tokens actually run through the model."""
     _synchronize()
     started = time.perf_counter()
-    groups = plan(tokenizer, prompts, share_prefix=share_prefix)
+    groups = cached_plan(tokenizer, prompts, share_prefix=share_prefix, directory=plan_cache)
     planned = time.perf_counter()
     loglik = score_plan(model, groups, [len(p.continuations) for p in prompts], batch_size=batch_size,
                         batch_tokens=batch_tokens)
@@ -69,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                         help="default bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--warmup", type=int, default=8, help="questions scored once per mode before timing")
+    parser.add_argument("--plan-cache", default=None,
+                        help="directory for tokenised plans: each mode then runs twice, the second pass reading its "
+                             "plan from there, as every trial of a sweep after the first does")
     parser.add_argument("--out", required=True, help="JSON file for the results")
     args = parser.parse_args(argv)
 
@@ -80,15 +86,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         score_prompts(model, tokenizer, prompts[: args.warmup], batch_size=args.batch_size,
                       batch_tokens=args.batch_tokens, share_prefix=share)
     caps = {"batch_size": args.batch_size, "batch_tokens": args.batch_tokens}
-    shared, shared_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=True, **caps)
-    full, full_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=False, **caps)
+    shared, shared_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=True, plan_cache=args.plan_cache, **caps)
+    full, full_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=False, plan_cache=args.plan_cache, **caps)
+    cached = {}
+    if args.plan_cache:
+        cached = {"shared_prefix_cached_plan": run_mode(model, tokenizer, prompts, gold, share_prefix=True,
+                                                        plan_cache=args.plan_cache, **caps)[0],
+                  "no_sharing_cached_plan": run_mode(model, tokenizer, prompts, gold, share_prefix=False,
+                                                     plan_cache=args.plan_cache, **caps)[0]}
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else platform.processor()
     report = {
         "date": time.strftime("%Y-%m-%d"), "device": device or platform.machine(), "torch": torch.__version__,
         "git_revision": git_revision(), "model": args.model, "dtype": str(dtype), **caps,
         "n_questions": len(prompts), "subjects": sorted({q.subject for q in questions}),
         "shared_prefix": shared, "no_sharing": full,
-        "speedup": full["seconds"] / shared["seconds"], "model_speedup": full["model_s"] / shared["model_s"],
+        "speedup": full["seconds"] / shared["seconds"], "model_speedup": full["model_s"] / shared["model_s"], **cached,
+        **({"speedup_cached_plan": cached["no_sharing_cached_plan"]["seconds"]
+            / cached["shared_prefix_cached_plan"]["seconds"]} if cached else {}),
         "max_abs_loglik_diff": float(max(np.max(np.abs(a - b)) for a, b in zip(shared_ll, full_ll))),
         "predictions_differ": int(sum(np.argmax(a) != np.argmax(b) for a, b in zip(shared_ll, full_ll))),
     }
@@ -96,11 +110,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"batches of <= {args.batch_size} rows and <= {args.batch_tokens} tokens")
     print(f"{'mode':<14}{'seconds':>10}{'tokenize s':>12}{'model s':>10}{'questions/s':>14}{'tokens':>12}"
           f"{'accuracy':>10}")
-    for name, row in (("shared prefix", shared), ("no sharing", full)):
+    rows = [("shared prefix", shared), ("no sharing", full)]
+    if cached:
+        rows += [("shared, cached", cached["shared_prefix_cached_plan"]),
+                 ("none, cached", cached["no_sharing_cached_plan"])]
+    for name, row in rows:
         print(f"{name:<14}{row['seconds']:>10.2f}{row['tokenize_s']:>12.2f}{row['model_s']:>10.2f}"
               f"{row['questions_per_s']:>14.2f}{row['tokens']:>12}{100 * row['accuracy']:>9.2f}%")
     print(f"speed-up {report['speedup']:.2f}x (model time alone {report['model_speedup']:.2f}x); "
           f"max |delta loglik| {report['max_abs_loglik_diff']:.2e}; {report['predictions_differ']} predictions differ")
+    if cached:
+        print(f"speed-up with the plans cached (tokenised once per sweep): {report['speedup_cached_plan']:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 import numpy as np
@@ -31,7 +32,8 @@ from tqdm.auto import tqdm
 
 import kernels
 from calibration.prompts import Prompt
-from calibration.requests import Group, Read, Row, plan
+from calibration.plan_cache import cached_plan
+from calibration.requests import Group, Read, Row
 
 T = TypeVar("T")
 
@@ -53,9 +55,11 @@ class OutputLayer(NamedTuple):
 
 def score_prompts(model: Any, tokenizer: Any, prompts: Sequence[Prompt], *, batch_size: int = 8,
                   batch_tokens: int | None = None, share_prefix: bool = True, progress: bool = False,
-                  desc: str = "scoring", attention: Sequence[SDPBackend] | None = None) -> list[np.ndarray]:
-    """Summed log-likelihood of every continuation of every prompt: ``[array(n_choices) per prompt]``."""
-    groups = plan(tokenizer, prompts, share_prefix=share_prefix)
+                  desc: str = "scoring", attention: Sequence[SDPBackend] | None = None,
+                  plan_cache: str | Path | None = None) -> list[np.ndarray]:
+    """Summed log-likelihood of every continuation of every prompt: ``[array(n_choices) per prompt]``.
+    ``plan_cache``: a directory where tokenised plans are kept across calls (``calibration.plan_cache``)."""
+    groups = cached_plan(tokenizer, prompts, share_prefix=share_prefix, directory=plan_cache)
     return score_plan(model, groups, [len(p.continuations) for p in prompts], batch_size=batch_size,
                       batch_tokens=batch_tokens, progress=progress, desc=desc, attention=attention)
 
@@ -145,13 +149,12 @@ def _score_chunk(model: Any, head: OutputLayer | None, groups: Sequence[Group], 
     prefix = _prefix_cache(model, groups, device) if any(g.prefix for g in groups) else None
     items = [(g, row) for g, group in enumerate(groups) for row in group.rows]
     for batch in batches(items, batch_size, batch_tokens, length=lambda item: len(item[1].tokens)):
-        ids, row_mask = _padded([row for _, row in batch])
+        ids, row_mask = _padded([row.tokens for _, row in batch])
         ids, row_mask = ids.to(device), row_mask.to(device)
         inputs: dict[str, Any] = {"input_ids": ids}
         if prefix is not None:
             owner = torch.tensor([g for g, _ in batch], device=device)
-            past = copy.deepcopy(prefix.cache)
-            past.batch_select_indices(owner)
+            past = _select_rows(prefix.cache, owner)
             inputs.update(past_key_values=past, use_cache=True,
                           attention_mask=torch.cat([prefix.mask[owner], row_mask], dim=1),
                           position_ids=prefix.lengths[owner, None] + torch.arange(ids.shape[1], device=device))
@@ -163,13 +166,8 @@ def _score_chunk(model: Any, head: OutputLayer | None, groups: Sequence[Group], 
 
 
 def _prefix_cache(model: Any, groups: Sequence[Group], device: torch.device) -> PrefixCache:
-    width = max(len(g.prefix) for g in groups)
-    ids = torch.zeros(len(groups), width, dtype=torch.long)
-    mask = torch.zeros(len(groups), width, dtype=torch.long)
-    for i, group in enumerate(groups):
-        if group.prefix:
-            ids[i, width - len(group.prefix):] = torch.tensor(group.prefix)
-            mask[i, width - len(group.prefix):] = 1
+    ids, mask = _padded([g.prefix for g in groups], left=True)
+    width = ids.shape[1]
     lengths = mask.sum(1)
     positions = (torch.arange(width) - (width - lengths)[:, None]).clamp_min(0)
     ids, mask, lengths, positions = ids.to(device), mask.to(device), lengths.to(device), positions.to(device)
@@ -177,6 +175,15 @@ def _prefix_cache(model: Any, groups: Sequence[Group], device: torch.device) -> 
     keep = {} if body is not model else _keep(model, 1)
     out = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **keep)
     return PrefixCache(out.past_key_values, mask, lengths)
+
+
+def _select_rows(cache: Any, owner: torch.Tensor) -> Any:
+    """A new cache whose row i is ``cache``'s row ``owner[i]``: a shallow copy with its own layer objects, whose
+    tensors ``batch_select_indices`` replaces (gathers), so the chunk's cache is neither copied whole nor changed."""
+    past = copy.copy(cache)
+    past.layers = [copy.copy(layer) for layer in cache.layers]
+    past.batch_select_indices(owner)
+    return past
 
 
 def prefix_chunks(groups: Sequence[Group], batch_size: int, batch_tokens: int | None) -> Iterator[list[Group]]:
@@ -214,14 +221,16 @@ class _Sink:
         return [flat[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:])]
 
 
-def _padded(batch: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded token ids and their attention mask (1 over real tokens)."""
-    width = max(len(r.tokens) for r in batch)
-    ids = torch.zeros(len(batch), width, dtype=torch.long)
-    mask = torch.zeros(len(batch), width, dtype=torch.long)
-    for i, row in enumerate(batch):
-        ids[i, : len(row.tokens)] = torch.tensor(row.tokens)
-        mask[i, : len(row.tokens)] = 1
+def _padded(sequences: list[list[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids padded to the longest sequence (on the right, or the left) and their attention mask (1 over
+    real tokens)."""
+    width = max(len(tokens) for tokens in sequences)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    for i, tokens in enumerate(sequences):
+        span = slice(width - len(tokens), width) if left else slice(0, len(tokens))
+        ids[i, span] = torch.tensor(tokens, dtype=torch.long)
+        mask[i, span] = 1
     return ids, mask
 
 

@@ -23,7 +23,7 @@ from trainable.attention_check import AttentionChoice, choose_attention
 from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.config import TrialConfig
 from trainable.lm_head import CausalLMWithFusedLoss
-from trainable.models import load_model, load_tokenizer, model_facts, resolve_model
+from trainable.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 
 
@@ -158,7 +158,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                                 limit=trial.eval.limit, batch_size=trial.eval.batch_size,
                                 batch_tokens=trial.eval.batch_tokens, n_bins=trial.eval.n_bins,
                                 heldout=trial.eval.temperature_scaling, progress=rank == 0,
-                                attention=attention.backends)
+                                attention=attention.backends, plan_cache=cache_dir() / "plans")
         summary = result.summary
         if rank == 0:
             write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)

@@ -15,9 +15,12 @@ def test_benchmark_runs_and_both_modes_agree(model_dir, mini_data, tmp_path, cap
     spec.loader.exec_module(bench)
     out = tmp_path / "bench.json"
     report = bench.main(["--model", str(model_dir), "--limit", "6", "--batch-size", "4", "--device", "cpu",
-                         "--data-dir", str(mini_data), "--warmup", "2", "--out", str(out)])
+                         "--data-dir", str(mini_data), "--warmup", "2", "--plan-cache", str(tmp_path / "plans"),
+                         "--out", str(out)])
     assert json.loads(out.read_text())["n_questions"] == 6 and report["subjects"] == ["anatomy", "high_school_physics"]
     assert report["predictions_differ"] == 0 and report["max_abs_loglik_diff"] < 1e-3
     assert report["shared_prefix"]["accuracy"] == report["no_sharing"]["accuracy"]
     assert report["shared_prefix"]["tokens"] < report["no_sharing"]["tokens"]
-    assert "speed-up" in capsys.readouterr().out
+    assert len(list((tmp_path / "plans").glob("*.pkl"))) == 2  # one plan per mode, read back by the second passes
+    assert report["shared_prefix_cached_plan"]["accuracy"] == report["shared_prefix"]["accuracy"]
+    assert report["speedup_cached_plan"] > 0 and "speed-up" in capsys.readouterr().out

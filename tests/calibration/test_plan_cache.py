@@ -1,0 +1,48 @@
+"""The on-disk plan cache returns what ``plan`` returns, reads what it stored, and keys on everything that matters."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+
+import pytest
+
+from calibration.plan_cache import cached_plan, plan_key, tokenizer_fingerprint
+from calibration.requests import Group, plan
+from calibration.task_config import TASKS, load_prompts
+
+
+@pytest.fixture(scope="module")
+def prompts(mini_data):
+    return load_prompts(TASKS["mmlu"], data_dir=mini_data, limit=4)[1]
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_a_miss_computes_and_stores_the_plan_and_a_hit_reads_the_file(tokenizer, prompts, tmp_path, share_prefix):
+    expected = plan(tokenizer, prompts, share_prefix=share_prefix)
+    assert cached_plan(tokenizer, prompts, share_prefix=share_prefix, directory=tmp_path) == expected
+    (stored,) = tmp_path.glob("*.pkl")
+    assert pickle.loads(stored.read_bytes()) == expected and not list(tmp_path.glob(".*partial"))
+    sentinel = [Group([1, 2, 3], [])]  # a hit returns the file's content, not a recomputation
+    stored.write_bytes(pickle.dumps(sentinel))
+    assert cached_plan(tokenizer, prompts, share_prefix=share_prefix, directory=tmp_path) == sentinel
+
+
+def test_without_a_directory_nothing_is_stored(tokenizer, prompts, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cached_plan(tokenizer, prompts) == plan(tokenizer, prompts)
+    assert not list(tmp_path.rglob("*.pkl"))
+
+
+def test_the_key_changes_with_the_tokenizer_the_prompts_and_sharing(tokenizer, prompts):
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    key = plan_key(fingerprint, prompts, True)
+    assert plan_key(fingerprint, prompts, True) == key
+    assert plan_key(fingerprint, prompts, False) != key
+    assert plan_key(fingerprint, prompts[:-1], True) != key
+    edited = [dataclasses.replace(prompts[0], query=prompts[0].query + " ")] + list(prompts[1:])
+    assert plan_key(fingerprint, edited, True) != key
+    other = copy.deepcopy(tokenizer)
+    other.add_tokens(["<calsweep-new-token>"])
+    assert tokenizer_fingerprint(other) != fingerprint
