@@ -84,7 +84,8 @@ def score_plan(model: Any, groups: Sequence[Group], n_choices: Sequence[int], *,
         with torch.inference_mode(), sdpa_kernel(kernels_kept), \
                 tqdm(total=rows, desc=desc, unit="row", disable=not progress, leave=False) as bar:
             head = checked_output_layer(model, groups)
-            for chunk in prefix_chunks(groups, batch_size, batch_tokens):
+            # prefixes batch like rows: <= batch_size per forward, <= batch_tokens left-padded prefix tokens
+            for chunk in batches(groups, batch_size, batch_tokens, length=lambda group: len(group.prefix)):
                 _score_chunk(model, head, chunk, sink, batch_size, batch_tokens, bar)
             return sink.result()
     finally:
@@ -184,20 +185,6 @@ def _select_rows(cache: Any, owner: torch.Tensor) -> Any:
     past.layers = [copy.copy(layer) for layer in cache.layers]
     past.batch_select_indices(owner)
     return past
-
-
-def prefix_chunks(groups: Sequence[Group], batch_size: int, batch_tokens: int | None) -> Iterator[list[Group]]:
-    """Consecutive groups whose prefixes run as one forward: <= batch_size prefixes and <= batch_tokens
-    left-padded prefix tokens (a longer prefix runs alone); groups without a prefix (no sharing) in one chunk."""
-    chunk: list[Group] = []
-    for group in groups:
-        width = max([len(group.prefix)] + [len(g.prefix) for g in chunk])
-        if chunk and (len(chunk) == batch_size or (batch_tokens and (len(chunk) + 1) * width > batch_tokens)):
-            yield chunk
-            chunk = []
-        chunk.append(group)
-    if chunk:
-        yield chunk
 
 
 class _Sink:

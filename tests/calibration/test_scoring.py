@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from calibration.requests import Group, Row, encode_prompt, plan
-from calibration.scoring import batches, checked_output_layer, prefix_chunks, score_prompts
+from calibration.scoring import batches, checked_output_layer, score_prompts
 from calibration.task_config import TASKS, load_prompts
 
 
@@ -62,17 +62,18 @@ def test_rows_of_several_subjects_share_one_forward_off_left_padded_prefixes(req
     chosen = [every[i] for i in (0, 1, 100, 101, 250, 251)]
     groups = plan(tokenizer, chosen)
     assert len({len(g.prefix) for g in groups}) == 3
-    chunks = list(prefix_chunks(groups, batch_size, batch_tokens))
+    chunks = list(batches(groups, batch_size, batch_tokens, length=lambda group: len(group.prefix)))
     assert len(chunks) == (1 if batch_tokens is None else 2)
     got = score_prompts(model, tokenizer, chosen, batch_size=batch_size, batch_tokens=batch_tokens)
     for prompt, g in zip(chosen, got):
         np.testing.assert_allclose(g, reference_loglik(model, tokenizer, prompt), rtol=0, atol=2e-4)
 
 
-def test_prefix_chunks_hold_at_most_batch_size_prefixes_and_batch_tokens_padded_tokens():
+def test_prefixes_are_cut_into_forwards_like_rows():
     groups = [Group(list(range(n)), []) for n in (5, 9, 3, 30, 2, 2)]
-    assert [[len(g.prefix) for g in c] for c in prefix_chunks(groups, 2, None)] == [[5, 9], [3, 30], [2, 2]]
-    assert [[len(g.prefix) for g in c] for c in prefix_chunks(groups, 10, 20)] == [[5, 9], [3], [30], [2, 2]]
+    prefix_length = lambda group: len(group.prefix)  # noqa: E731
+    assert [[len(g.prefix) for g in c] for c in batches(groups, 2, None, prefix_length)] == [[30, 9], [5, 3], [2, 2]]
+    assert [[len(g.prefix) for g in c] for c in batches(groups, 10, 20, prefix_length)] == [[30], [9, 5], [3, 2, 2]]
 
 
 def test_gemma_prefix_is_longer_than_its_sliding_window(tokenizer, prompts):
