@@ -71,6 +71,25 @@ def read_records(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
     return table.cast(SCHEMA), json.loads(meta.get(b"calsweep.metadata", b"{}"))
 
 
+def read_store_questions(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
+    """A sweep store's per-question file (``<results>/questions/<run>__<trial>.parquet``: these columns plus
+    schema_version, run_name, trial_id) as a records table, with evaluate-style metadata: a trial scores tasks
+    by name, so each task's report and held-out splits are its registered ``TaskConfig``'s."""
+    from calibration.task_config import TASKS
+
+    table = pq.read_table(path)
+    missing = [name for name in SCHEMA.names if name not in table.column_names]
+    if missing:
+        raise ValueError(f"expected a per-question file with columns {SCHEMA.names} in {path}, missing {missing}")
+    records = table.select(SCHEMA.names).cast(SCHEMA)
+    present = set(zip(records["task"].to_pylist(), records["split"].to_pylist()))
+    tasks = sorted({task for task, _ in present})
+    report = {t: TASKS[t].split if t in TASKS else next(s for task, s in sorted(present) if task == t) for t in tasks}
+    fit = {t: TASKS[t].fit_split for t in tasks if t in TASKS and (t, TASKS[t].fit_split) in present}
+    trial = table["trial_id"][0].as_py() if "trial_id" in table.column_names and table.num_rows else ""
+    return records, {"report_splits": report, "fit_splits": fit, "model": trial}
+
+
 def task_arrays(table: pa.Table, task: str, split: str | None = None) -> dict[str, np.ndarray]:
     """NaN-padded ``loglik``/``loglik_norm`` (N, K) and ``gold`` (N,) of one task (and split) of a records table."""
     rows = [r for r in table.select(["task", "split", "gold", "loglik", "loglik_norm"]).to_pylist()

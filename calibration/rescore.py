@@ -3,7 +3,9 @@
     python -m calibration.rescore results/eval/smollm2-135m --n-bins 10 --temperature fit --score loglik_norm
 
 reads ``DIR/records.parquet`` (written by ``python -m calibration.evaluate``), prints the metrics table and
-writes ``DIR/rescore_<score>_b<bins>_t<temperature>.json`` (and reliability diagrams with ``--plots``).
+writes ``DIR/rescore_<score>_b<bins>_t<temperature>.json`` (and reliability diagrams with ``--plots``). A sweep
+store's per-question file works too (``python -m calibration.rescore results/questions/<run>__<trial>.parquet``):
+its outputs go to ``<results>/rescore/<run>__<trial>/`` (or ``--out``), never into the store's tables.
 """
 
 from __future__ import annotations
@@ -12,22 +14,31 @@ import argparse
 from pathlib import Path
 from typing import Any, Sequence
 
-from calibration.records import read_records
+from calibration.records import read_records, read_store_questions
 from calibration.report import format_table, write_diagrams, write_summary
 from calibration.summary import SCORES, fit_temperatures, summarize
 
 
-def rescore(directory: str | Path, *, n_bins: int = 15, temperature: str = "1", score: str = "loglik",
-            n_boot: int = 1000, plots: bool = False) -> dict[str, Any]:
-    """Summary of ``directory``'s records under new settings; ``temperature`` is ``fit`` or a number."""
-    directory = Path(directory)
-    records, metadata = read_records(directory / "records.parquet")
+def rescore(source: str | Path, *, n_bins: int = 15, temperature: str = "1", score: str = "loglik",
+            n_boot: int = 1000, plots: bool = False, out: str | Path | None = None) -> dict[str, Any]:
+    """Summary of ``source``'s records (an evaluate directory or a store's per-question file) under new settings;
+    ``temperature`` is ``fit`` or a number; outputs go to ``out`` (default: beside the records, see above)."""
+    source = Path(source)
+    if source.is_file():
+        records, metadata = read_store_questions(source)
+        default_out = source.parent.parent / "rescore" / source.stem
+    else:
+        source = source / "records.parquet"
+        records, metadata = read_records(source)
+        default_out = source.parent
+    directory = Path(out) if out else default_out
+    directory.mkdir(parents=True, exist_ok=True)
     split_of = metadata.get("report_splits") or {t: s for t, s in zip(records["task"].to_pylist(),
                                                                        records["split"].to_pylist())}
     if temperature == "fit":
         fit_splits = metadata.get("fit_splits") or {}
         if not fit_splits:
-            raise ValueError(f"expected held-out records in {directory} for --temperature fit, got none "
+            raise ValueError(f"expected held-out records in {source} for --temperature fit, got none "
                              f"(evaluate without --no-heldout)")
         temperatures = fit_temperatures(records, fit_split_of=fit_splits, score=score)
     else:
@@ -39,7 +50,7 @@ def rescore(directory: str | Path, *, n_bins: int = 15, temperature: str = "1", 
     summary, intervals = summarize(records, split_of=split_of, n_bins=n_bins, score=score,
                                    temperatures=temperatures, n_boot=n_boot)
     settings = {**metadata, "n_bins": n_bins, "score": score, "temperatures": temperatures or {},
-                "n_boot": n_boot, "rescored_from": str(directory / "records.parquet")}
+                "n_boot": n_boot, "rescored_from": str(source)}
     write_summary(directory / f"rescore_{score}_b{n_bins}_t{temperature}.json", summary, intervals, settings)
     if plots:
         write_diagrams(directory, records, split_of=split_of, n_bins=n_bins, score=score,
@@ -50,15 +61,18 @@ def rescore(directory: str | Path, *, n_bins: int = 15, temperature: str = "1", 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m calibration.rescore", description=__doc__.split("\n")[0])
-    parser.add_argument("directory", help="an output directory of python -m calibration.evaluate")
+    parser.add_argument("source", help="an output directory of python -m calibration.evaluate, or a sweep store's "
+                                       "per-question file (results/questions/<run>__<trial>.parquet)")
     parser.add_argument("--n-bins", type=int, default=15)
     parser.add_argument("--temperature", default="1", help="'fit' (on the held-out split) or a number")
     parser.add_argument("--score", choices=SCORES, default="loglik", help="which log-likelihood the softmax uses")
     parser.add_argument("--n-boot", type=int, default=1000)
     parser.add_argument("--plots", action="store_true", help="rewrite the reliability diagrams")
+    parser.add_argument("--out", default=None, help="output directory (default: the evaluate directory, or "
+                                                    "<results>/rescore/<run>__<trial>/ for a store file)")
     args = parser.parse_args(argv)
-    return rescore(args.directory, n_bins=args.n_bins, temperature=args.temperature, score=args.score,
-                   n_boot=args.n_boot, plots=args.plots)
+    return rescore(args.source, n_bins=args.n_bins, temperature=args.temperature, score=args.score,
+                   n_boot=args.n_boot, plots=args.plots, out=args.out)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from calibration.evaluate import EvalResult, apply_overrides, evaluate_model, main
@@ -78,9 +79,26 @@ def test_cli_writes_records_summary_and_diagrams_then_rescore_recomputes(model_d
 
 
 def test_records_of_another_schema_version_are_refused(tmp_path):
-    import pyarrow.parquet as pq
-
     pq.write_table(pa.table({"task": ["x"]}).replace_schema_metadata({b"calsweep.schema_version": b"0"}),
                    tmp_path / "records.parquet")
     with pytest.raises(ValueError, match="expected records schema version 1"):
         read_records(tmp_path / "records.parquet")
+
+
+def test_rescore_reads_a_sweep_stores_question_file_and_writes_beside_the_store(llama, tokenizer, mini_data,
+                                                                                 tmp_path):
+    from sweeps.store import write_questions
+
+    result = evaluate_model(llama, tokenizer, ("arc_easy", "hellaswag"), data_dir=mini_data, progress=False,
+                            heldout=True)
+    path = write_questions(str(tmp_path / "results"), "run", "trial", result.records)
+    fitted = rescore_main([path, "--temperature", "fit", "--n-boot", "0"])
+    for metric in ("accuracy", "ece", "temperature", "ece_ts"):
+        assert fitted["arc_easy"][metric] == pytest.approx(result.summary["arc_easy"][metric], abs=1e-12)
+    assert fitted["hellaswag"]["n_questions"] == result.summary["hellaswag"]["n_questions"]  # its test split only
+    written = tmp_path / "results" / "rescore" / "run__trial" / "rescore_loglik_b15_tfit.json"
+    assert json.loads(written.read_text())["report_splits"] == {"arc_easy": "test", "hellaswag": "val"}
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"task": ["x"]}), other)
+    with pytest.raises(ValueError, match="missing"):
+        rescore_main([str(other)])
