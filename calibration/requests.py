@@ -9,9 +9,9 @@ Sharing. Questions are grouped by their text prefix (k-shot examples); a group's
 *token* prefix of its contexts, so sharing never changes which tokens are scored. Within a group:
 - all continuations one token (MMLU letters): one row per question, every choice read at its last position;
 - otherwise one row per choice, the context suffix followed by the continuation.
-The scorer batches rows across the questions of a group and across groups (``calibration.scoring``). (Sharing each question's own context among its choices as
-well was measured and dropped: it halves HellaSwag's tokens but needs two small forwards per question, and on
-2 CPU cores it was no faster than batching whole rows.) With ``share_prefix=False`` everything is one group
+The scorer batches rows across the questions of a group and across groups (``calibration.scoring``).
+(Sharing each question's own context among its choices as well was measured and dropped: it halves HellaSwag's
+tokens but needs two small forwards per question, and on 2 CPU cores it was no faster than batching whole rows.) With ``share_prefix=False`` everything is one group
 with an empty prefix (the no-sharing baseline).
 """
 

@@ -19,5 +19,6 @@ def test_launch_help_explains_every_option():
     out = subprocess.run([sys.executable, str(REPO / "sweeps" / "launch.py"), "--help"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    for option in ("--config", "--address", "--dashboard", "--name", "--families", "--results-dir", "--data-dir", "--dry-run"):
+    for option in ("--config", "--address", "--dashboard", "--name", "--families", "--results-dir", "--data-dir",
+                   "--dry-run"):
         assert option in out.stdout
