@@ -10,9 +10,9 @@ without, every question runs its full prompt. Both modes batch under the same ca
 ``--batch-tokens`` padded row tokens per forward), so a mode with short rows runs more of them per forward.
 Reported per mode: seconds (tokenising and model time apart), questions/s, tokens run through the model,
 accuracy; and across modes the speed-up, the largest log-likelihood difference and how many predicted answers
-differ (bf16 rounding can flip near-ties). With ``--plan-cache DIR`` each mode runs a second pass that reads
-its tokenised plan from DIR (``calibration.plan_cache``), as every trial of a sweep after the first does, and
-the speed-up of those passes is reported too.
+differ (bf16 rounding can flip near-ties). With ``--plan-cache DIR`` the plans go to a fresh folder under DIR
+(``calibration.plan_cache``) and each mode runs a second pass that reads its plan from there, as every trial of a
+sweep after the first does; the speed-up of those passes is reported too.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -86,14 +87,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         score_prompts(model, tokenizer, prompts[: args.warmup], batch_size=args.batch_size,
                       batch_tokens=args.batch_tokens, share_prefix=share)
     caps = {"batch_size": args.batch_size, "batch_tokens": args.batch_tokens}
-    shared, shared_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=True, plan_cache=args.plan_cache, **caps)
-    full, full_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=False, plan_cache=args.plan_cache, **caps)
-    cached = {}
+    # a fresh folder per run: plans left by an earlier run would make the first (tokenising) passes cached ones
+    plans = None
     if args.plan_cache:
+        Path(args.plan_cache).mkdir(parents=True, exist_ok=True)
+        plans = tempfile.mkdtemp(prefix="run-", dir=args.plan_cache)
+    shared, shared_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=True, plan_cache=plans, **caps)
+    full, full_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=False, plan_cache=plans, **caps)
+    cached = {}
+    if plans:
         cached = {"shared_prefix_cached_plan": run_mode(model, tokenizer, prompts, gold, share_prefix=True,
-                                                        plan_cache=args.plan_cache, **caps)[0],
+                                                        plan_cache=plans, **caps)[0],
                   "no_sharing_cached_plan": run_mode(model, tokenizer, prompts, gold, share_prefix=False,
-                                                     plan_cache=args.plan_cache, **caps)[0]}
+                                                     plan_cache=plans, **caps)[0]}
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else platform.processor()
     report = {
         "date": time.strftime("%Y-%m-%d"), "device": device or platform.machine(), "torch": torch.__version__,

@@ -21,6 +21,6 @@ def test_benchmark_runs_and_both_modes_agree(model_dir, mini_data, tmp_path, cap
     assert report["predictions_differ"] == 0 and report["max_abs_loglik_diff"] < 1e-3
     assert report["shared_prefix"]["accuracy"] == report["no_sharing"]["accuracy"]
     assert report["shared_prefix"]["tokens"] < report["no_sharing"]["tokens"]
-    assert len(list((tmp_path / "plans").glob("*.pkl"))) == 2  # one plan per mode, read back by the second passes
+    assert len(list((tmp_path / "plans").glob("run-*/*.pkl"))) == 2  # one plan per mode, read by the second passes
     assert report["shared_prefix_cached_plan"]["accuracy"] == report["shared_prefix"]["accuracy"]
     assert report["speedup_cached_plan"] > 0 and "speed-up" in capsys.readouterr().out
