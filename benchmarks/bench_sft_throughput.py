@@ -96,12 +96,13 @@ def run_calsweep(args) -> dict:
         name = f"calsweep (DeepSpeed ZeRO-{args.zero_stage}, fused LS-CE{', compiled layers' if compiled else ''})"
         result = _result(name, args, seconds, flops, float(loss))
         if args.profile:
-            _profile(step, args.profile)
+            _profile(step, args.profile, args.trace)
     return result
 
 
-def _profile(step, steps: int) -> None:
-    """Print the CUDA-time table of ``steps`` more steps (after the timed ones, so timing is unaffected)."""
+def _profile(step, steps: int, trace: str | None) -> None:
+    """Print the CUDA-time table of ``steps`` more steps (after the timed ones, so timing is unaffected);
+    with ``trace`` also write their Chrome trace there (gzip when the name ends in .gz)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -110,6 +111,8 @@ def _profile(step, steps: int) -> None:
             step()
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70))
+    if trace:
+        prof.export_chrome_trace(trace)
 
 
 def run_hf_trainer(args) -> dict:
@@ -175,6 +178,7 @@ def main() -> None:
     parser.add_argument("--zero-stage", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0,
                         help="calsweep: profile this many extra steps, print the table")
+    parser.add_argument("--trace", default=None, help="with --profile: write the Chrome trace here (.json or .json.gz)")
     parser.add_argument("--out", default="sft_throughput.json")
     args = parser.parse_args()
     if args.impl != "all":
@@ -185,7 +189,8 @@ def main() -> None:
     for impl in IMPLS:
         part = Path(args.out).with_suffix(f".{impl}.json")
         command = [sys.executable, __file__, "--impl", impl, "--out", str(part)] + \
-            [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("impl", "out")]
+            [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+             if k not in ("impl", "out") and v is not None]
         completed = subprocess.run(command, text=True)
         results.append(json.loads(part.read_text()) if completed.returncode == 0 and part.exists()
                        else {"impl": impl, "error": f"exit code {completed.returncode}"})
