@@ -1,6 +1,11 @@
 """torch.compile for training: each decoder layer's forward compiled, so its norms, rotary embedding and
 activation fuse into a few kernels while the module tree (and DeepSpeed's hooks on it) stays as it was.
-Scoring afterwards runs the eager forwards again (its shapes vary batch to batch and it carries a KV cache)."""
+Scoring afterwards runs the eager forwards again (its shapes vary batch to batch and it carries a KV cache).
+
+All layers share one code object, so Dynamo counts every layer whose guards differ (a KV cache's per-layer
+state, Gemma's sliding and global layers) as a recompile of it; past its ``recompile_limit`` (8) the remaining
+layers would silently run eager. The limit is raised to the number of layers for the block, and the training
+forward passes ``use_cache=False`` so that one graph serves every layer of a kind."""
 
 from __future__ import annotations
 
@@ -23,8 +28,10 @@ def compiled_decoder_layers(model: nn.Module, enabled: bool = True) -> Iterator[
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")] if enabled else []
     for layer in layers:
         layer.forward = torch.compile(layer.forward)
+    limit = max(torch._dynamo.config.recompile_limit, len(layers))
     try:
-        yield len(layers)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            yield len(layers)
     finally:
         for layer in layers:
             del layer.forward

@@ -78,7 +78,8 @@ class CausalLMWithFusedLoss(nn.Module):
         self.last_confidence = torch.tensor(float("nan"))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        decoder = self.model.get_decoder()
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
         loss, confidence = self.head(hidden, targets, label_smoothing=self.label_smoothing, loss_impl=self.loss_impl)
         self.last_confidence = confidence.detach()

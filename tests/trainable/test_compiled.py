@@ -1,12 +1,13 @@
 """Compiled decoder layers give the eager loss and gradients, and the eager forwards come back afterwards."""
 
 import torch
+from torch._dynamo.utils import counters
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.lm_head import CausalLMWithFusedLoss
 
-SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=10, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=300, head_dim=8)
 
 
@@ -24,10 +25,14 @@ def test_compiled_layers_match_eager_and_are_undone():
     ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
     eager_loss, eager_grads = _loss_and_grads(wrapped, batch)
+    counters.clear()
     with compiled_decoder_layers(model) as n:
-        assert n == 2
+        assert n == 10
         assert all("forward" in vars(layer) for layer in model.model.layers)
         loss, grads = _loss_and_grads(wrapped, batch)
+    # 10 layers, more than Dynamo's default recompile limit (8): every layer ran compiled, through one graph
+    assert counters["frames"]["ok"] == counters["frames"]["total"] > 0 and not counters["unimplemented"]
+    assert counters["stats"]["unique_graphs"] == 1
     assert not any("forward" in vars(layer) for layer in model.model.layers)
     # float32 on CPU; fused kernels reorder sums: tolerance of a few float32 ulps of the values
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
