@@ -153,11 +153,6 @@ def trial_statuses(root: str, run_name: str) -> dict[str, str]:
     return dict(zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist()))
 
 
-def finished_trial_ids(root: str, run_name: str) -> set[str]:
-    """Ids of the run's trials that finished with status ok (skipped on resume)."""
-    return {tid for tid, status in trial_statuses(root, run_name).items() if status == "ok"}
-
-
 def config_json(config: dict[str, Any]) -> str:
     """The trial config as canonical JSON (sorted keys) for the ``config_json`` column."""
     return json.dumps(config, sort_keys=True, default=str)

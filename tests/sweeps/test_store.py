@@ -34,7 +34,7 @@ def test_rewriting_a_trial_keeps_one_row(tmp_path):
     store.write_trial(str(tmp_path), _row("b"))
     table = store.read_trials(str(tmp_path))
     assert sorted(table.column("trial_id").to_pylist()) == ["a", "b"]
-    assert store.finished_trial_ids(str(tmp_path), "r") == {"a", "b"}
+    assert store.trial_statuses(str(tmp_path), "r") == {"a": "ok", "b": "ok"}
 
 
 def test_half_written_files_are_invisible(tmp_path):
