@@ -12,8 +12,9 @@ from calibration.bootstrap import Interval
 from calibration.probabilities import choice_probs, top_label
 from calibration.records import task_arrays
 from calibration.reliability import reliability_diagram
+from calibration.summary import NOT_SCALED
 
-TABLE_METRICS = ("accuracy", "accuracy_norm", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll")
+TABLE_METRICS = ("accuracy", "accuracy_norm", "ece", "ece_norm", "rms_ce", "mce", "ace", "sce", "brier", "nll")
 
 
 def write_summary(path: str | Path, summary: dict[str, dict[str, float]], intervals: dict[str, dict[str, Interval]],
@@ -54,7 +55,7 @@ def format_table(summary: dict[str, dict[str, float]], intervals: dict[str, dict
                 continue
             cells = []
             for metric in TABLE_METRICS:
-                name = metric + suffix if metric != "accuracy_norm" else metric
+                name = metric if metric in NOT_SCALED else metric + suffix
                 scale = 1.0 if metric == "nll" else 100.0
                 cell = f"{scale * values[name]:.2f}"
                 if name in intervals.get(task, {}):

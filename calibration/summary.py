@@ -2,7 +2,8 @@
 
 ``task_metrics`` is the single definition of what a summary holds; both CLIs and ``evaluate_model`` use it.
 The choice distribution comes from ``loglik`` (or ``loglik_norm`` with ``score="loglik_norm"``);
-``accuracy_norm`` is always lm-eval's ``acc_norm`` (argmax of ``loglik_norm``).
+``accuracy_norm`` is always lm-eval's ``acc_norm`` (argmax of ``loglik_norm``), and ``ece_norm``, ``rms_ce_norm``
+and ``mean_confidence_norm`` are always those of softmax(``loglik_norm``).
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ from calibration.records import task_arrays
 from calibration.temperature import fit_temperature
 
 SCORES = ("loglik", "loglik_norm")
+# task_metrics entries that temperature scaling leaves alone (no *_ts twin)
+NOT_SCALED = ("accuracy_norm", "ece_norm", "rms_ce_norm", "mean_confidence_norm", "n_questions")
 
 
 def task_metrics(loglik: np.ndarray, loglik_norm: np.ndarray, gold: np.ndarray, *, n_bins: int = 15,
                  temperature: float = 1.0) -> dict[str, float]:
-    """accuracy, accuracy_norm, ece, rms_ce, mce, ace, sce, brier, nll, n_questions of p = softmax(loglik / T)."""
+    """accuracy, ece, rms_ce, mce, ace, sce, brier, nll, mean_confidence, n_questions of p = softmax(loglik / T);
+    accuracy_norm, ece_norm, rms_ce_norm, mean_confidence_norm of the length-normalised p' = softmax(loglik_norm)
+    (lm-eval's acc_norm distribution; where summed log-likelihoods of long continuations saturate p, as on
+    HellaSwag, p' is the calibration read that still says something)."""
     probs = choice_probs(loglik, temperature)
     confidence, correct = top_label(probs, gold)
-    _, correct_norm = top_label(choice_probs(loglik_norm), gold)
+    confidence_norm, correct_norm = top_label(choice_probs(loglik_norm), gold)
     return {
         "accuracy": metrics.accuracy(correct),
         "accuracy_norm": metrics.accuracy(correct_norm),
@@ -36,6 +42,9 @@ def task_metrics(loglik: np.ndarray, loglik_norm: np.ndarray, gold: np.ndarray, 
         "brier": metrics.brier_score(probs, gold),
         "nll": metrics.negative_log_likelihood(probs, gold),
         "mean_confidence": float(np.mean(confidence)),
+        "ece_norm": metrics.expected_calibration_error(confidence_norm, correct_norm, n_bins),
+        "rms_ce_norm": metrics.rms_calibration_error(confidence_norm, correct_norm, n_bins),
+        "mean_confidence_norm": float(np.mean(confidence_norm)),
         "n_questions": float(len(gold)),
     }
 
@@ -60,7 +69,7 @@ def summarize(records: pa.Table, *, split_of: dict[str, str], n_bins: int = 15, 
             if temperatures and task in temperatures:
                 scaled = task_metrics(ll, norm, gold, n_bins=n_bins, temperature=temperatures[task])
                 out |= {f"{name}_ts": value for name, value in scaled.items()
-                        if name not in ("accuracy_norm", "n_questions")}
+                        if name not in NOT_SCALED}
             return out
 
         summary[task] = statistics(scored, arrays["loglik_norm"], arrays["gold"])

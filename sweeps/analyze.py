@@ -17,6 +17,8 @@ writes into DIR (default RESULTS/analysis):
     notes.md                       the selection rules, and everything left out with the reason
 
 Filters (``KEY=VALUE``, comma separated, a key repeated is an OR): run, dataset, family, task.
+``--score loglik_norm`` reads every table and figure through the length-normalised choice distribution (lm-eval's
+acc_norm) instead of the summed log-likelihoods, e.g. for HellaSwag, whose summed-likelihood confidence saturates.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ import pandas as pd  # noqa: E402
 
 from calibration.entropy_bound import entropy_floor, normalised_entropy_gap  # noqa: E402
 from sweeps.analysis import figures  # noqa: E402
-from sweeps.analysis.load import Results, load_results, parse_filter  # noqa: E402
+from calibration.summary import SCORES  # noqa: E402
+from sweeps.analysis.load import SCORE_NAMES, Results, load_results, parse_filter  # noqa: E402
 from sweeps.analysis.questions import (CellKey, CellQuestions, cell_questions, ece_intervals,  # noqa: E402
                                        paired_differences)
 from sweeps.analysis.select import BEST_BETA, SELECTION, best_betas, grid_points, table_one  # noqa: E402
@@ -47,14 +50,15 @@ def slug(name: str) -> str:
 
 
 def analyze(root: str, filters: dict[str, set[str]], out: Path, *, n_boot: int = 1000, seed: int = 0,
-            logit_std: float = 1.0) -> list[Path]:
-    """Write every output listed in the module doc into ``out``; returns their paths (notes.md last)."""
-    results = load_results(root, filters)
+            logit_std: float = 1.0, score: str = "loglik") -> list[Path]:
+    """Write every output listed in the module doc into ``out``, read through ``score``; returns their paths
+    (notes.md last)."""
+    results = load_results(root, filters, score)
     notes = results.notes
     out.mkdir(parents=True, exist_ok=True)
     tasks = results.tasks
     table = table_one(grid_points(results.trials, tasks))
-    written = write_table_one(table, tasks, results.n_bins, out)
+    written = write_table_one(table, tasks, results.n_bins, out, SCORE_NAMES[score])
     deltas = best_betas(table, tasks, notes)
     written.append(_csv(deltas, out / "delta_ece.csv"))
     written += _entropy_outputs(table, logit_std, out, notes)
@@ -131,6 +135,7 @@ def _write_notes(root: str, filters: dict[str, set[str]], results: Results, n_bo
     shown = ",".join(f"{k}={v}" for k, values in sorted(filters.items()) for v in sorted(values)) or "none"
     lines = ["# Analysis notes", "",
              f"- store: `{root}`, filter: {shown}; {len(results.trials)} ok trials, tasks: {', '.join(results.tasks)}",
+             f"- choice distribution of every metric: {SCORE_NAMES[results.score]} (`--score {results.score}`).",
              f"- Table 1: {SELECTION}.",
              f"- {BEST_BETA}.",
              f"- question-level ECE: {results.n_bins} equal-width bins; intervals: {n_boot} bootstrap resamples of "
@@ -154,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
                                                     "for a remote store)")
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of questions per interval")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--score", choices=SCORES, default="loglik",
+                        help="choice distribution: summed or length-normalised log-likelihoods (lm-eval's acc_norm)")
     parser.add_argument("--logit-std", type=float, default=1.0,
                         help="RMS centred logit sigma (nats) at which the entropy gap is drawn")
     args = parser.parse_args(argv)
@@ -161,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     out = Path(args.out) if args.out else Path("analysis") if remote else Path(args.results) / "analysis"
     try:
         written = analyze(args.results, parse_filter(args.filter), out, n_boot=args.n_boot, seed=args.seed,
-                          logit_std=args.logit_std)
+                          logit_std=args.logit_std, score=args.score)
     except ValueError as exc:
         print(f"calsweep: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

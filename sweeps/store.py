@@ -27,7 +27,10 @@ SCHEMA_VERSION = 1
 TASKS = ("mmlu", "arc_easy", "hellaswag")
 _SCALED = ("accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "mean_confidence")
 # calibration.summary.task_metrics names; *_ts: after temperature scaling fitted on the held-out split
-TASK_METRICS = _SCALED + ("accuracy_norm", "n_questions", "temperature") + tuple(f"{m}_ts" for m in _SCALED)
+# *_norm: of the length-normalised choice distribution (lm-eval's acc_norm); columns added after schema version 1
+# was first written, so older files read them as null
+TASK_METRICS = _SCALED + ("accuracy_norm", "ece_norm", "rms_ce_norm", "mean_confidence_norm", "n_questions",
+                          "temperature") + tuple(f"{m}_ts" for m in _SCALED)
 
 METRIC_COLUMNS = tuple(f"{task}_{metric}" for task in TASKS for metric in TASK_METRICS)
 

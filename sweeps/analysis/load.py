@@ -3,6 +3,11 @@
 A trial is the pair (run_name, trial_id), written ``run/trial`` in the ``trial`` column of both frames.
 Failed and early-stopped trials are left out and counted in the notes, so a store of an interrupted sweep
 is read like a finished one.
+
+``score`` picks the choice distribution everything is read through: "loglik" (softmax of summed
+log-likelihoods, what trials report as accuracy / ece / rms_ce) or "loglik_norm" (softmax of length-normalised
+ones, lm-eval's acc_norm; the trial columns *_norm and the questions' loglik_norm). Under "loglik_norm" the
+trial frame's accuracy / ece / rms_ce columns hold the *_norm values, so every table and figure follows.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from calibration.metrics import expected_calibration_error, rms_calibration_error
+from calibration.probabilities import choice_probs, pad, top_label
+from calibration.summary import SCORES
 from calibration.task_config import TASKS as TASK_CONFIGS
 from sweeps import store
 
@@ -19,6 +27,9 @@ PAPER_TASKS = ("mmlu", "hellaswag", "arc_easy")  # the order of the paper's Tabl
 FILTER_COLUMNS = {"run": "run_name", "dataset": "sft_dataset", "family": "family", "task": None}
 QUESTION_COLUMNS = ["trial", "task", "question_id", "confidence", "correct"]
 DEFAULT_N_BINS = 15  # EvalConfig.n_bins when a row has no config_json
+SCORED_METRICS = ("accuracy", "ece", "rms_ce")  # the trial columns that have a length-normalised twin *_norm
+SCORE_NAMES = {"loglik": "softmax over the choices' summed log-likelihoods",
+               "loglik_norm": "softmax over the choices' length-normalised log-likelihoods (lm-eval's acc_norm)"}
 
 
 @dataclass
@@ -28,6 +39,7 @@ class Results:
     tasks: tuple[str, ...]  # in PAPER_TASKS order
     n_bins: int  # the sweep's eval.n_bins, for ECE recomputed from questions
     notes: list[str] = field(default_factory=list)  # what was left out and why
+    score: str = "loglik"  # the choice distribution of every metric (SCORES)
 
 
 def parse_filter(text: str | None) -> dict[str, set[str]]:
@@ -45,8 +57,11 @@ def parse_filter(text: str | None) -> dict[str, set[str]]:
     return filters
 
 
-def load_results(root: str, filters: dict[str, set[str]] | None = None) -> Results:
-    """The analysable part of the store at ``root``; an empty selection is an error, anything partial a note."""
+def load_results(root: str, filters: dict[str, set[str]] | None = None, score: str = "loglik") -> Results:
+    """The analysable part of the store at ``root`` read through ``score``; an empty selection is an error,
+    anything partial a note."""
+    if score not in SCORES:
+        raise ValueError(f"expected a score in {list(SCORES)}, got {score!r}")
     filters = filters or {}
     trials = store.read_trials(root).to_pandas()
     if trials.empty:
@@ -75,13 +90,53 @@ def load_results(root: str, filters: dict[str, set[str]] | None = None) -> Resul
                   and trials[f"{t}_accuracy"].notna().any())
     if not tasks:
         raise ValueError(f"expected scored tasks among {list(PAPER_TASKS)}, got none in the selected trials")
-    return Results(trials, _questions(root, trials, tasks, notes), tasks, _n_bins(trials), notes)
+    questions = _questions(root, trials, tasks, notes, score)
+    n_bins = _n_bins(trials)
+    if score == "loglik_norm":
+        trials = _length_normalised(trials, questions, tasks, n_bins, notes)
+    return Results(trials, questions, tasks, n_bins, notes, score)
 
 
-def _questions(root: str, trials: pd.DataFrame, tasks: tuple[str, ...], notes: list[str]) -> pd.DataFrame:
-    table = store.read_questions(root).select(["run_name", "trial_id", "task", "split", "question_id",
-                                               "confidence", "correct"])
-    questions = table.to_pandas()
+def _length_normalised(trials: pd.DataFrame, questions: pd.DataFrame, tasks: tuple[str, ...], n_bins: int,
+                       notes: list[str]) -> pd.DataFrame:
+    """The trials with accuracy / ece / rms_ce of each task replaced by their *_norm columns; rows written before
+    the store had ece_norm / rms_ce_norm get them from their stored questions (``questions``: already under the
+    length-normalised distribution), or stay empty (noted)."""
+    trials = trials.copy()
+    by_trial_task = dict(iter(questions.groupby(["trial", "task"])))
+    for task in tasks:
+        for metric in SCORED_METRICS:
+            trials[f"{task}_{metric}"] = trials[f"{task}_{metric}_norm"]
+        filled, unscored = [], []
+        for index in trials.index[trials[f"{task}_accuracy"].notna() & trials[f"{task}_ece"].isna()]:
+            trial = trials.at[index, "trial"]
+            rows = by_trial_task.get((trial, task))
+            if rows is None:
+                unscored.append(trial)
+                continue
+            confidence, correct = rows["confidence"].to_numpy(float), rows["correct"].to_numpy(float)
+            trials.at[index, f"{task}_ece"] = expected_calibration_error(confidence, correct, n_bins)
+            trials.at[index, f"{task}_rms_ce"] = rms_calibration_error(confidence, correct, n_bins)
+            filled.append(trial)
+        if filled:
+            notes.append(f"{task}: length-normalised ECE and RMS of {len(filled)} trial(s) computed from their stored "
+                         f"questions (their rows predate those columns): {', '.join(filled)}")
+        if unscored:
+            notes.append(f"{task}: no length-normalised ECE for {len(unscored)} trial(s) (rows written before the "
+                         f"store had it, and no stored questions): {', '.join(unscored)}")
+    return trials
+
+
+def _questions(root: str, trials: pd.DataFrame, tasks: tuple[str, ...], notes: list[str],
+               score: str) -> pd.DataFrame:
+    """QUESTION_COLUMNS of the trials' reported splits; confidence and correct recomputed under ``score``."""
+    columns = ["run_name", "trial_id", "task", "split", "question_id", "confidence", "correct"]
+    if score != "loglik":
+        columns += ["gold", score]
+    questions = store.read_questions(root).select(columns).to_pandas()
+    if score != "loglik" and len(questions):
+        confidence, correct = top_label(choice_probs(pad(questions[score].tolist())), questions["gold"].to_numpy())
+        questions["confidence"], questions["correct"] = confidence, correct
     questions["trial"] = questions["run_name"] + "/" + questions["trial_id"]
     reported = questions["task"].map({t: TASK_CONFIGS[t].split for t in tasks})
     questions = questions[questions["trial"].isin(set(trials["trial"])) & (questions["split"] == reported)]

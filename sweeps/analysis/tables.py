@@ -25,7 +25,8 @@ def percent(value: float) -> str:
     return "-" if pd.isna(value) else f"{100 * value:.2f}"
 
 
-def write_table_one(table: pd.DataFrame, tasks: tuple[str, ...], n_bins: int, out: Path) -> list[Path]:
+def write_table_one(table: pd.DataFrame, tasks: tuple[str, ...], n_bins: int, out: Path,
+                    distribution: str) -> list[Path]:
     """table1.csv and table1.md: per SFT dataset x family x beta, Acc / ECE / RMS of each task at the selected lr."""
     metrics = [f"{t}_{m}" for t in tasks for m in TABLE_METRICS]
     csv = out / "table1.csv"
@@ -37,8 +38,9 @@ def write_table_one(table: pd.DataFrame, tasks: tuple[str, ...], n_bins: int, ou
     for task in tasks:
         for metric in TABLE_METRICS:
             shown[f"{TASK_NAMES[task]} {METRIC_NAMES[metric]}"] = table[f"{task}_{metric}"].map(percent)
-    caption = (f"**Table 1.** Accuracy, ECE and RMS calibration error (%, top label, {n_bins} equal-width bins) on "
-               f"{', '.join(TASK_NAMES[t] for t in tasks)} after SFT with label smoothing beta; {SELECTION}.")
+    caption = (f"**Table 1.** Accuracy, ECE and RMS calibration error (%, top label of the {distribution}, {n_bins} "
+               f"equal-width bins) on {', '.join(TASK_NAMES[t] for t in tasks)} after SFT with label smoothing beta; "
+               f"{SELECTION}.")
     md = out / "table1.md"
     md.write_text(caption + "\n\n" + markdown(shown))
     return [csv, md]

@@ -10,12 +10,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from calibration.evaluate import EvalResult, apply_overrides, evaluate_model, main
-from calibration.probabilities import choice_probs, pad
+from calibration.metrics import expected_calibration_error, rms_calibration_error
+from calibration.probabilities import choice_probs, pad, top_label
 from calibration.records import SCHEMA, read_records
 from calibration.rescore import main as rescore_main
 from calibration.task_config import TASKS
 
-SUMMARY_KEYS = {"accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "n_questions"}
+SUMMARY_KEYS = {"accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "n_questions", "accuracy_norm",
+                "ece_norm", "rms_ce_norm", "mean_confidence_norm"}
 
 
 def test_seam_contract(llama, tokenizer, mini_data):
@@ -41,6 +43,17 @@ def test_heldout_adds_temperature_scaled_metrics(llama, tokenizer, mini_data):
     assert set(result.records["split"].to_pylist()) == {"test", "dev", "val"}
     assert "temperature" in result.summary["arc_easy"] and "ece_ts" in result.summary["arc_easy"]
     assert "temperature" not in result.summary["hellaswag"]  # no held-out split
+    assert "ece_norm_ts" not in result.summary["arc_easy"]  # the length-normalised read is never rescaled
+    # HellaSwag's endings differ in length: its *_norm metrics are those of softmax(loglik_norm), by hand
+    rows = [r for r in result.records.to_pylist() if r["task"] == "hellaswag"]
+    gold = np.array([r["gold"] for r in rows])
+    probs = choice_probs(pad([r["loglik_norm"] for r in rows]))
+    confidence, correct = top_label(probs, gold)
+    assert not np.allclose(probs, choice_probs(pad([r["loglik"] for r in rows])))
+    hellaswag = result.summary["hellaswag"]
+    assert hellaswag["ece_norm"] == pytest.approx(expected_calibration_error(confidence, correct, 15), abs=1e-12)
+    assert hellaswag["rms_ce_norm"] == pytest.approx(rms_calibration_error(confidence, correct, 15), abs=1e-12)
+    assert hellaswag["mean_confidence_norm"] == pytest.approx(confidence.mean(), abs=1e-12)
     interval = result.intervals["arc_easy"]["ece"]
     assert interval.low <= interval.estimate <= interval.high
 
@@ -76,6 +89,8 @@ def test_cli_writes_records_summary_and_diagrams_then_rescore_recomputes(model_d
     assert (out / "rescore_loglik_b5_tfit.json").exists()
     normed = rescore_main([str(out), "--score", "loglik_norm", "--n-boot", "0"])
     assert normed["mmlu"]["accuracy"] == pytest.approx(summary["summary"]["mmlu"]["accuracy_norm"])
+    for metric in ("ece", "rms_ce"):
+        assert normed["mmlu"][metric] == pytest.approx(summary["summary"]["mmlu"][f"{metric}_norm"], abs=1e-12)
 
 
 def test_records_of_another_schema_version_are_refused(tmp_path):

@@ -56,13 +56,14 @@ def _records(task: str, split: str, n_correct: int, beta: float, rng: np.random.
     """Four-choice questions: choice 0 is the top one; the first ``n_correct`` have gold 0, the rest gold 1."""
     margin = rng.uniform(0.0, 4.0, N_QUESTIONS) * (1.0 - 2.0 * beta)  # smoothing: less confident
     loglik = np.stack([margin, np.zeros(N_QUESTIONS), -np.ones(N_QUESTIONS), -np.ones(N_QUESTIONS)], axis=1) - 3.0
+    loglik_norm = loglik / np.array([1.0, 2.0, 3.0, 4.0])  # choices of 1-4 tokens: another distribution
     gold = np.where(np.arange(N_QUESTIONS) < n_correct, 0, 1)
     confidence, correct = top_label(choice_probs(loglik), gold)
     return pa.table({
         "task": [task] * N_QUESTIONS, "split": [split] * N_QUESTIONS,
         "question_id": [f"{task}/{split}/{i}" for i in range(N_QUESTIONS)], "subject": ["s"] * N_QUESTIONS,
         "gold": gold.astype(np.int32), "n_choices": np.full(N_QUESTIONS, 4, np.int32),
-        "loglik": loglik.tolist(), "loglik_norm": loglik.tolist(), "confidence": confidence, "correct": correct})
+        "loglik": loglik.tolist(), "loglik_norm": loglik_norm.tolist(), "confidence": confidence, "correct": correct})
 
 
 def _write_store(root: Path) -> None:
@@ -250,6 +251,42 @@ def test_stores_with_nothing_to_analyse_are_errors(synthetic_store, tmp_path):
         load_results(str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="expected ok trials"):
         load_results(str(synthetic_store), {"family": {"nobody"}})
+
+
+def test_length_normalised_score_reads_the_norm_columns_and_questions(synthetic_store, tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(synthetic_store, root, ignore=shutil.ignore_patterns("analysis"))
+    for trial in ("r1/big-b0-lr1e-05-s0", "r2/big-b0.1-lr1e-05-s0"):  # rows written before the *_norm columns
+        old = _stored_trials(root).loc[trial].to_dict()  # the second has no stored questions
+        store.write_trial(str(root), {k: v for k, v in old.items() if not k.endswith(("_ece_norm", "_rms_ce_norm"))
+                                      and k in store.TRIAL_SCHEMA.names and not pd.isna(v)})
+    out = tmp_path / "out"
+    analyze(str(root), {}, out, n_boot=5, score="loglik_norm")
+    stored = _stored_trials(root)
+    filled = _stored_trials(synthetic_store).loc["r1/big-b0-lr1e-05-s0"]  # from its questions: the same numbers
+    stored.loc["r1/big-b0-lr1e-05-s0", [f"{t}_ece_norm" for t in SPLITS]] = [filled[f"{t}_ece_norm"] for t in SPLITS]
+    table = pd.read_csv(out / "table1.csv")
+    single = table[table["n_trials"] == 1]
+    assert len(single) > 0
+    for row in single.itertuples():
+        for task in SPLITS:
+            assert getattr(row, f"{task}_accuracy") == pytest.approx(stored.at[row.trials, f"{task}_accuracy_norm"])
+            assert getattr(row, f"{task}_ece") == pytest.approx(stored.at[row.trials, f"{task}_ece_norm"], nan_ok=True)
+    assert stored[[f"{t}_ece_norm" for t in SPLITS]].ne(stored[[f"{t}_ece" for t in SPLITS]].to_numpy()).any().any()
+    intervals = pd.read_csv(out / "ece_intervals.csv").join(
+        single.set_index(["sft_dataset", "family", "label_smoothing"])[[f"{t}_ece" for t in SPLITS]],
+        on=["sft_dataset", "family", "label_smoothing"], how="inner")
+    checked = [(row.ece, getattr(row, f"{row.task}_ece")) for row in intervals.itertuples()
+               if not pd.isna(getattr(row, f"{row.task}_ece"))]
+    assert checked and all(ece == pytest.approx(stored_ece, rel=1e-12) for ece, stored_ece in checked)
+    notes = (out / "notes.md").read_text()
+    assert "length-normalised log-likelihoods" in notes
+    assert "computed from their stored questions (their rows predate those columns): r1/big-b0-lr1e-05-s0" in notes
+    assert "no length-normalised ECE for 1 trial(s) (rows written before the store had it, and no stored " \
+           "questions): r2/big-b0.1-lr1e-05-s0" in notes
+    assert "length-normalised" in (out / "table1.md").read_text()
+    with pytest.raises(ValueError, match="expected a score"):
+        load_results(str(root), score="loglik_mean")
 
 
 def test_command_line(synthetic_store, tmp_path):
