@@ -62,7 +62,7 @@ def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
         assert row["git_rev"] and "torch" in row["package_versions"]
         for task in ("mmlu", "arc_easy", "hellaswag"):
             assert 0 <= row[f"{task}_accuracy"] <= 1 and row[f"{task}_n_questions"] == 4
-            for metric in ("ece", "rms_ce", "mce", "ace", "sce"):
+            for metric in ("ece", "rms_ce", "mce", "ace", "sce", "ece_norm", "rms_ce_norm", "mean_confidence_norm"):
                 assert 0 <= row[f"{task}_{metric}"] <= 1, (task, metric)
             assert row[f"{task}_ece"] <= row[f"{task}_rms_ce"] + 1e-12 <= row[f"{task}_mce"] + 2e-12
             assert math.isfinite(row[f"{task}_nll"]) and 0 <= row[f"{task}_brier"] <= 2
