@@ -11,8 +11,8 @@ Sharing. Questions are grouped by their text prefix (k-shot examples); a group's
 - otherwise one row per choice, the context suffix followed by the continuation.
 The scorer batches rows across the questions of a group and across groups (``calibration.scoring``).
 (Sharing each question's own context among its choices as well was measured and dropped: it halves HellaSwag's
-tokens but needs two small forwards per question, and on 2 CPU cores it was no faster than batching whole rows.) With ``share_prefix=False`` everything is one group
-with an empty prefix (the no-sharing baseline).
+tokens but needs two small forwards per question, and on 2 CPU cores it was no faster than batching whole rows.)
+With ``share_prefix=False`` everything is one group with an empty prefix (the no-sharing baseline).
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -48,3 +50,17 @@ def one_rank_process_group():
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         dist.init_process_group("gloo", rank=0, world_size=1)
     yield
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module (the scripts are files, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def benchmark_script():
+    """Loader of a benchmark script as a module: ``benchmark_script("bench_prefix_sharing").main([...])``."""
+    return load_benchmark

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_prefix_sharing.py"
 
 
-def test_benchmark_runs_and_both_modes_agree(model_dir, mini_data, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_prefix_sharing", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_benchmark_runs_and_both_modes_agree(benchmark_script, model_dir, mini_data, tmp_path, capsys):
+    bench = benchmark_script("bench_prefix_sharing")
     out = tmp_path / "bench.json"
     report = bench.main(["--model", str(model_dir), "--limit", "6", "--batch-size", "4", "--device", "cpu",
                          "--data-dir", str(mini_data), "--warmup", "2", "--plan-cache", str(tmp_path / "plans"),

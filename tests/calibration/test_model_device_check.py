@@ -3,17 +3,11 @@ reference, the GPU-only kernels report that they cannot run) and writes its JSON
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "model_device_check.py"
 
 
-def test_the_check_agrees_with_itself_on_the_cpu(model_dir, shared_data, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("model_device_check", SCRIPT)
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+def test_the_check_agrees_with_itself_on_the_cpu(benchmark_script, model_dir, shared_data, tmp_path, capsys):
+    check = benchmark_script("model_device_check")
     out = tmp_path / "check.json"
     report = check.main(["--model", str(model_dir), "--data-dir", str(shared_data), "--device", "cpu",
                          "--examples", "2", "--arc-limit", "4", "--out", str(out)])
