@@ -1,37 +1,20 @@
-"""Entropy floor of a rank-limited softmax LM head (the bound behind the paper's Theorem 4.2 and Figure 4).
+"""The paper's LM-head entropy floor: Theorem 4.2, eq. 14 of Huang, Lu & Zeng (ICML 2025).
 
-Setting. A head of hidden size d maps context i to logits z_i = W h_i in R^V (W in R^{V x d}), so the logit
-matrix Z = H W^T (one row per context) has rank <= d. Take V contexts, each with its own target token a(i)
-(a permutation: every token is the target of some context, as a language model must be able to predict
-each token somewhere). Softmax is shift invariant, so only the centred logits z~_ik = z_ik - mean_j z_ij
-matter; their scale is sigma, the RMS centred logit, sigma^2 = (1/V^2) sum_ik z~_ik^2 (the mean over
-contexts of each context's logit variance across the vocabulary).
+Notation of the paper: C the head (D x |V|), h a final hidden state (D entries), u = C^T h the logits,
+H(u) the entropy of softmax(u). Lemma 4.1 (eq. 13): with sigma_C = ||C||_2 and |h_i| <= sigma_h for every i,
+||u||_2 <= rho sqrt(D), rho = sigma_C sigma_h. Theorem 4.2 (eq. 14): with
 
-Bound. With r = min(d, V - 1) (centring removes one dimension),
+    gamma = exp(-rho sqrt(D |V| / (|V| - 1))),
 
-    (1/V) sum_i -log p_{i,a(i)}  >=  H_floor(d, V, sigma) = log(1 + (V - 1) exp(-sigma sqrt(r) V / (V - 1))).
+    H(u) >= H_min = log(1 + (|V| - 1) gamma) + rho gamma sqrt(D |V| (|V| - 1)) / (1 + (|V| - 1) gamma).
 
-Where a(i) is context i's top token, -log p_{i,a(i)} = -log max_k p_ik <= H(p_i), so the mean Shannon entropy
-of the V contexts (and their mean -log confidence) obey the same floor.
+H_min is the entropy of the two-level minimiser of H under ||u||_2 <= rho sqrt(D) (Appendix A.4, eq. 36):
+one logit a = rho sqrt(D) sqrt(1 - 1/|V|), the other |V| - 1 logits b = -rho sqrt(D) / sqrt(|V| (|V| - 1)),
+so a - b = rho sqrt(D |V| / (|V| - 1)) and gamma = exp(b - a). For large |V| with |V| gamma << 1,
+H_min ~ |V| exp(-rho sqrt(D)) (1 + rho sqrt(D)): linear in |V|, falling exponentially in sqrt(D).
 
-Proof. (1) The target margins m_i = z~_{i,a(i)} are the diagonal of Z~ with its columns permuted, a matrix of
-rank <= r, so sum_i m_i <= (sum of its singular values) <= sqrt(r) ||Z~||_F = sqrt(r) V sigma: the mean margin
-is at most sigma sqrt(r). (2) A centred row's other V - 1 logits sum to -m_i, so by Jensen
-sum_{k != a(i)} exp(z~_ik) >= (V - 1) exp(-m_i / (V - 1)), hence -log p_{i,a(i)} >= g(m_i) :=
-log(1 + (V - 1) exp(-m_i V / (V - 1))). (3) g is convex and decreasing: mean_i g(m_i) >= g(mean_i m_i) >=
-g(sigma sqrt(r)). At d >= V - 1 the bound is attained by Z~ = c (I - 11^T / V).
-
-Relation to the paper. Huang, Lu & Zeng (ICML 2025), Theorem 4.2 / eq. 14, bound from below the entropy a
-rank-limited head can reach and conclude that the floor rises as the vocabulary grows relative to the hidden
-size. The text of their equation could not be retrieved for this module, so the bound above is derived here
-and is not a transcription of eq. 14; it has the behaviour the paper claims: the floor is about
-log(1 + V exp(-sigma sqrt(d))), so a head is free to be confident only once sigma sqrt(d) >> log V, and at
-fixed d and sigma it climbs towards log V as V grows.
-
-Normalised entropy gap (Figure 4): the share of the maximal entropy log V that the rank limit adds to the
-floor of a full-rank head (d >= V - 1) at the same logit scale,
-
-    gap(d, V, sigma) = (H_floor(d, V, sigma) - H_floor(V - 1, V, sigma)) / log V,   0 <= gap < 1.
+Normalised entropy gap (Figure 4): (log |V| - H_min) / log |V|, in [0, 1]; lower means the head cannot make
+concentrated predictions. The paper does not state the rho of its figure; callers state theirs.
 """
 
 from __future__ import annotations
@@ -41,32 +24,24 @@ import numpy as np
 ArrayLike = float | int | np.ndarray
 
 
-def max_mean_margin(hidden_size: ArrayLike, vocab_size: ArrayLike, logit_std: float = 1.0) -> np.ndarray:
-    """The largest mean target margin of V contexts with distinct targets: sigma sqrt(min(d, V - 1))."""
-    d, v, sigma = _checked(hidden_size, vocab_size, logit_std)
-    return sigma * np.sqrt(np.minimum(d, v - 1))
+def entropy_floor(vocab_size: ArrayLike, hidden_size: ArrayLike, rho: ArrayLike) -> np.ndarray:
+    """H_min of eq. 14 in nats: log(1 + (|V| - 1) gamma) + (|V| - 1) (a - b) gamma / (1 + (|V| - 1) gamma)."""
+    v, d, rho = _checked(vocab_size, hidden_size, rho)
+    spread = rho * np.sqrt(d * v / (v - 1))  # a - b of the two-level minimiser; log gamma = -spread
+    log_norm = np.logaddexp(0.0, np.log(v - 1) - spread)  # log(1 + (|V| - 1) gamma)
+    return log_norm + (v - 1) * spread * np.exp(-spread - log_norm)
 
 
-def entropy_floor(hidden_size: ArrayLike, vocab_size: ArrayLike, logit_std: float = 1.0) -> np.ndarray:
-    """H_floor = log(1 + (V - 1) exp(-sigma sqrt(min(d, V - 1)) V / (V - 1))) in nats (see the module doc)."""
-    d, v, sigma = _checked(hidden_size, vocab_size, logit_std)
-    margin = max_mean_margin(d, v, sigma)
-    return np.logaddexp(0.0, np.log(v - 1) - margin * v / (v - 1))
-
-
-def normalised_entropy_gap(hidden_size: ArrayLike, vocab_size: ArrayLike, logit_std: float = 1.0) -> np.ndarray:
-    """gap = (H_floor(d, V) - H_floor(V - 1, V)) / log V: the entropy the rank limit forces, per nat of log V."""
-    d, v, sigma = _checked(hidden_size, vocab_size, logit_std)
-    full_rank = entropy_floor(v - 1, v, sigma)
-    return (entropy_floor(d, v, sigma) - full_rank) / np.log(v)
-
-
-def _checked(hidden_size: ArrayLike, vocab_size: ArrayLike, logit_std: float
-             ) -> tuple[np.ndarray, np.ndarray, float]:
-    d = np.asarray(hidden_size, dtype=np.float64)
+def normalised_entropy_gap(vocab_size: ArrayLike, hidden_size: ArrayLike, rho: ArrayLike) -> np.ndarray:
+    """(log |V| - H_min) / log |V|: the share of the maximal entropy the head may still give up (Figure 4)."""
     v = np.asarray(vocab_size, dtype=np.float64)
-    if np.any(~(d >= 1)) or np.any(~(v >= 2)):
-        raise ValueError(f"expected hidden_size >= 1 and vocab_size >= 2, got {hidden_size!r} and {vocab_size!r}")
-    if not logit_std >= 0:
-        raise ValueError(f"expected logit_std >= 0, got {logit_std!r}")
-    return d, v, float(logit_std)
+    return (np.log(v) - entropy_floor(vocab_size, hidden_size, rho)) / np.log(v)
+
+
+def _checked(vocab_size: ArrayLike, hidden_size: ArrayLike, rho: ArrayLike
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    v, d, r = (np.asarray(x, dtype=np.float64) for x in (vocab_size, hidden_size, rho))
+    if np.any(~(v >= 2)) or np.any(~(d >= 1)) or np.any(~(r >= 0)) or np.any(np.isinf(r)):
+        raise ValueError(f"expected vocab_size >= 2, hidden_size >= 1 and finite rho >= 0, got {vocab_size!r}, "
+                         f"{hidden_size!r} and {rho!r}")
+    return v, d, r

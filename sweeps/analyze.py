@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the repository's packages
 
 import pandas as pd  # noqa: E402
 
-from calibration.entropy_bound import entropy_floor, normalised_entropy_gap  # noqa: E402
+from calibration.rank_entropy_bound import rank_entropy_floor, rank_entropy_gap  # noqa: E402
 from sweeps.analysis import figures  # noqa: E402
 from calibration.summary import SCORES  # noqa: E402
 from sweeps.analysis.load import SCORE_NAMES, Results, load_results, parse_filter  # noqa: E402
@@ -104,9 +104,9 @@ def _entropy_outputs(table: pd.DataFrame, logit_std: float, out: Path, notes: li
         notes.append(f"no vocabulary or hidden size stored for {', '.join(unknown['family'])}: left off the size "
                      f"figures and entropy_gap")
     models = models.dropna().reset_index(drop=True)
-    models["entropy_floor"] = [float(entropy_floor(d, v, logit_std)) for d, v in
+    models["entropy_floor"] = [float(rank_entropy_floor(d, v, logit_std)) for d, v in
                                zip(models["hidden_size"], models["vocab_size"])]
-    models["normalised_entropy_gap"] = [float(normalised_entropy_gap(d, v, logit_std)) for d, v in
+    models["normalised_entropy_gap"] = [float(rank_entropy_gap(d, v, logit_std)) for d, v in
                                         zip(models["hidden_size"], models["vocab_size"])]
     return [_csv(models, out / "entropy_gap.csv"), figures.entropy_gap(models, logit_std, out / "entropy_gap.png")]
 
@@ -140,8 +140,8 @@ def _write_notes(root: str, filters: dict[str, set[str]], results: Results, n_bo
              f"- {BEST_BETA}.",
              f"- question-level ECE: {results.n_bins} equal-width bins; intervals: {n_boot} bootstrap resamples of "
              f"questions (percentile, 95%), seed {seed}.",
-             f"- entropy gap: derived bound of `calibration/entropy_bound.py` at RMS centred logit sigma = "
-             f"{logit_std:g} (not the paper's eq. 14 verbatim; see its docstring).",
+             f"- entropy gap: our rank bound (`calibration/rank_entropy_bound.py`) at RMS centred logit sigma = "
+             f"{logit_std:g} (not the paper's eq. 14, which is `calibration/entropy_bound.py`).",
              "", "## Left out", ""]
     lines += [f"- {note}" for note in results.notes] or ["- nothing"]
     path = out / "notes.md"

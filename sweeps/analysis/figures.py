@@ -15,7 +15,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.image import imread  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from calibration.entropy_bound import normalised_entropy_gap  # noqa: E402
+from calibration.rank_entropy_bound import rank_entropy_gap  # noqa: E402
 from calibration.reliability import reliability_diagram  # noqa: E402
 from sweeps.analysis.questions import CellQuestions  # noqa: E402
 from sweeps.analysis.tables import TASK_NAMES  # noqa: E402
@@ -97,10 +97,10 @@ def entropy_gap(models: pd.DataFrame, logit_std: float, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     colours = {}
     for vocab in vocabs:
-        (line,) = ax.plot(hidden, normalised_entropy_gap(hidden, vocab, logit_std), label=f"V = {vocab:,}")
+        (line,) = ax.plot(hidden, rank_entropy_gap(hidden, vocab, logit_std), label=f"V = {vocab:,}")
         colours[vocab] = line.get_color()
     for model in models.itertuples():
-        gap = normalised_entropy_gap(model.hidden_size, model.vocab_size, logit_std)
+        gap = rank_entropy_gap(model.hidden_size, model.vocab_size, logit_std)
         ax.scatter(model.hidden_size, gap, color=colours[int(model.vocab_size)], edgecolor="black", zorder=3)
         ax.annotate(model.family, (model.hidden_size, gap), fontsize="x-small", xytext=(3, 3),
                     textcoords="offset points")

@@ -1,110 +1,125 @@
-"""The rank-limited entropy floor: its margin lemma, the floor against random heads and against an optimiser."""
+"""Eq. 14 (the paper's Theorem 4.2) in float64: the two-level minimiser's entropy, random and optimised logit
+vectors of the same norm never below it, and the limits the paper states."""
 
+import mpmath
 import numpy as np
 import pytest
 
-from calibration.entropy_bound import entropy_floor, max_mean_margin, normalised_entropy_gap
+from calibration.entropy_bound import entropy_floor, normalised_entropy_gap
 
 
-def _centred_rms(z: np.ndarray) -> tuple[np.ndarray, float]:
-    centred = z - z.mean(axis=1, keepdims=True)
-    return centred, float(np.sqrt(np.mean(centred ** 2)))
+def _entropy(u: np.ndarray) -> float:
+    """H(softmax(u)) in float64; log Z = u_max + log1p(sum of the others' e^(u - u_max)) keeps tiny H accurate."""
+    top = int(np.argmax(u))
+    shifted = u - u[top]
+    log_p = shifted - np.log1p(np.exp(np.delete(shifted, top)).sum())
+    return float(-(np.exp(log_p) * log_p).sum())
 
 
-def _random_heads(v: int, d: int, n: int, seed: int):
-    """Logit matrices H W^T of rank d (V contexts x V tokens) at assorted scales, with a random target per row."""
+def _two_level_entropy(v: int, d: int, rho: float) -> float:
+    """H of eq. 36's vector at 50 digits: p_top = 1 / Z, p_other = e^(b - a) / Z, Z = 1 + (V - 1) e^(b - a)."""
+    with mpmath.workdps(50):
+        a = rho * mpmath.sqrt(d) * mpmath.sqrt(1 - mpmath.mpf(1) / v)
+        b = -rho * mpmath.sqrt(d) / mpmath.sqrt(mpmath.mpf(v) * (v - 1))
+        z = 1 + (v - 1) * mpmath.exp(b - a)
+        log_top, log_other = -mpmath.log(z), b - a - mpmath.log(z)
+        return float(-(mpmath.exp(log_top) * log_top + (v - 1) * mpmath.exp(log_other) * log_other))
+
+
+def _two_level(v: int, d: int, rho: float) -> np.ndarray:
+    """Eq. 36: one logit a = rho sqrt(D) sqrt(1 - 1/V), the other V - 1 at b = -rho sqrt(D) / sqrt(V (V - 1))."""
+    u = np.full(v, -rho * np.sqrt(d) / np.sqrt(v * (v - 1.0)))
+    u[0] = rho * np.sqrt(d) * np.sqrt(1 - 1 / v)
+    return u
+
+
+@pytest.mark.parametrize("v", [2, 3, 10, 1000, 50_000])
+@pytest.mark.parametrize("d,rho", [(1, 0.01), (4, 0.3), (64, 0.2), (576, 0.05), (640, 1.0)])
+def test_floor_is_the_entropy_of_the_two_level_minimiser(v, d, rho):
+    u = _two_level(v, d, rho)
+    assert abs(u.mean()) < 1e-12 * max(1.0, np.abs(u).max())
+    assert np.linalg.norm(u) == pytest.approx(rho * np.sqrt(d), rel=1e-12)
+    assert float(entropy_floor(v, d, rho)) == pytest.approx(_two_level_entropy(v, d, rho), rel=1e-12, abs=1e-300)
+    assert _entropy(u) == pytest.approx(_two_level_entropy(v, d, rho), rel=1e-9, abs=1e-15)  # the vector itself
+
+
+def _random_logits(v: int, rng: np.random.Generator) -> np.ndarray:
+    """Assorted shapes: Gaussian, heavy-tailed, one spike over noise, a perturbed two-level vector, not centred."""
+    kind = rng.integers(5)
+    if kind == 0:
+        return rng.normal(size=v)
+    if kind == 1:
+        return rng.standard_cauchy(size=v)
+    if kind == 2:
+        u = rng.normal(scale=0.1, size=v)
+        u[rng.integers(v)] += 1.0
+        return u
+    if kind == 3:
+        return _two_level(v, 1, 1.0) + rng.normal(scale=1e-3, size=v)
+    return rng.normal(size=v) + rng.normal(scale=5.0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_logit_vectors_of_the_same_norm_never_go_below_the_floor(seed):
     rng = np.random.default_rng(seed)
-    for _ in range(n):
-        z = rng.normal(size=(v, d)) @ rng.normal(size=(d, v)) * rng.uniform(0.1, 10.0)
-        yield z, rng.permutation(v)
+    for _ in range(50):
+        v, d = int(rng.choice([2, 3, 7, 50, 4000])), int(rng.integers(1, 1024))
+        rho = float(rng.uniform(0.0, 3.0) / np.sqrt(d) * rng.choice([0.3, 1.0, 3.0]))
+        u = _random_logits(v, rng)
+        u *= rho * np.sqrt(d) * rng.uniform(0.5, 1.0) / np.linalg.norm(u)  # ||u|| <= rho sqrt(D)
+        assert _entropy(u) >= float(entropy_floor(v, d, rho)) - 1e-12
 
 
-@pytest.mark.parametrize("v,d", [(6, 1), (6, 3), (6, 5), (6, 9), (50, 4), (50, 49)])
-def test_mean_margin_and_cross_entropy_stay_above_the_floor_for_random_heads(v, d):
-    for z, target in _random_heads(v, d, n=200, seed=v * 100 + d):
-        centred, sigma = _centred_rms(z)
-        margins = centred[np.arange(v), target]
-        assert margins.mean() <= max_mean_margin(d, v, sigma) + 1e-9
-        log_p = z - np.logaddexp.reduce(z, axis=1, keepdims=True)
-        assert -log_p[np.arange(v), target].mean() >= entropy_floor(d, v, sigma) - 1e-9
-
-
-def test_mean_entropy_is_above_the_floor_when_every_token_is_some_context_s_top_prediction():
-    v, d = 8, 3
-    for z, _ in _random_heads(v, d, n=300, seed=1):
-        top = z.argmax(axis=1)
-        if len(set(top)) < v:
-            continue  # the bound needs distinct top tokens
-        p = np.exp(z - np.logaddexp.reduce(z, axis=1, keepdims=True))
-        entropy = -(p * np.log(p)).sum(axis=1).mean()
-        assert entropy >= entropy_floor(d, v, _centred_rms(z)[1]) - 1e-9
-
-
-def _cross_entropy_and_gradient(a: np.ndarray, b: np.ndarray, sigma: float) -> tuple[float, np.ndarray, np.ndarray]:
-    """Mean -log p_ii of Z~ = s (A B^T) P, with P the row centring and s scaling onto ||Z~||_F <= V sigma."""
-    v = len(a)
-    centred = a @ b.T
-    centred = centred - centred.mean(axis=1, keepdims=True)
-    norm = np.linalg.norm(centred)
-    scale = min(1.0, sigma * v / norm)
-    z = scale * centred
-    log_p = z - np.logaddexp.reduce(z, axis=1, keepdims=True)
-    grad_z = (np.exp(log_p) - np.eye(v)) / v
-    grad_c = scale * grad_z
-    if scale < 1.0:  # d/dC of V sigma C / ||C||
-        grad_c = grad_c - scale * np.sum(grad_z * centred) * centred / norm ** 2
-    grad_c = grad_c - grad_c.mean(axis=1, keepdims=True)
-    return float(-np.trace(log_p) / v), grad_c @ b, grad_c.T @ a
-
-
-def _minimised_cross_entropy(v: int, d: int, sigma: float, seed: int, steps: int = 3000) -> float:
-    """min over rank-d heads with RMS centred logit <= sigma of the mean -log p_ii (Adam, every row its own target)."""
+def _minimised_entropy(v: int, radius: float, seed: int, steps: int = 3000) -> float:
+    """min H(u) over ||u|| = radius by projected gradient descent from a random start (dH/du_i = -p_i (log p_i + H))."""
     rng = np.random.default_rng(seed)
-    params = [rng.normal(size=(v, d)), rng.normal(size=(v, d))]
-    moments = [[np.zeros_like(p), np.zeros_like(p)] for p in params]
-    for step in range(1, steps + 1):
-        _, *grads = _cross_entropy_and_gradient(*params, sigma)
-        for p, g, m in zip(params, grads, moments):
-            m[0] = 0.9 * m[0] + 0.1 * g
-            m[1] = 0.999 * m[1] + 0.001 * g ** 2
-            p -= 0.05 * (m[0] / (1 - 0.9 ** step)) / (np.sqrt(m[1] / (1 - 0.999 ** step)) + 1e-12)
-    return _cross_entropy_and_gradient(*params, sigma)[0]
+    u = rng.normal(size=v)
+    for _ in range(steps):
+        u = radius * (u - u.mean()) / np.linalg.norm(u - u.mean())
+        log_p = u - np.logaddexp.reduce(u)
+        p = np.exp(log_p)
+        grad = -p * (log_p + _entropy(u))
+        grad -= grad.mean() + (grad @ u) / (u @ u) * u
+        u = u - 0.05 * max(1.0, radius) * grad
+    return _entropy(radius * (u - u.mean()) / np.linalg.norm(u - u.mean()))
 
 
-def test_the_optimiser_s_gradient_is_the_loss_s_gradient():
-    rng = np.random.default_rng(0)
-    a, b = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
-    for sigma in (0.1, 100.0):  # norm constraint active, inactive
-        _, grad_a, _ = _cross_entropy_and_gradient(a, b, sigma)
-        step = np.zeros_like(a)
-        step[2, 1] = 1e-6
-        numeric = (_cross_entropy_and_gradient(a + step, b, sigma)[0]
-                   - _cross_entropy_and_gradient(a - step, b, sigma)[0]) / 2e-6
-        assert grad_a[2, 1] == pytest.approx(numeric, rel=1e-5, abs=1e-9)
+@pytest.mark.parametrize("v", [3, 5, 8])
+@pytest.mark.parametrize("radius", [0.5, 2.0, 4.0])
+def test_optimised_logits_reach_the_floor_and_not_below(v, radius):
+    best = min(_minimised_entropy(v, radius, seed) for seed in range(3))
+    floor = float(entropy_floor(v, 1, radius))  # rho sqrt(D) = radius with D = 1
+    assert best >= floor - 1e-12
+    assert best == pytest.approx(floor, abs=1e-9)  # the bound is attained
 
 
-@pytest.mark.parametrize("d", [1, 2, 3, 4, 5])
-def test_optimised_heads_do_not_beat_the_floor_and_reach_it_at_full_rank(d):
-    v, sigma = 6, 1.0
-    best = min(_minimised_cross_entropy(v, d, sigma, seed) for seed in range(2))
-    floor = float(entropy_floor(d, v, sigma))
-    assert best >= floor - 1e-6
-    if d == v - 1:
-        assert best == pytest.approx(floor, abs=1e-4)  # the bound is tight at full rank
+def test_linear_in_vocabulary_and_exponentially_falling_in_sqrt_hidden_size():
+    """Where |V| gamma << 1, H_min = (|V| - 1) gamma (1 + s) (1 + O(|V| gamma)), s = rho sqrt(D |V| / (|V| - 1))."""
+    rho = 0.5
+    d = np.array([2500.0, 3600.0, 4900.0, 6400.0])  # sqrt(D) = 50 ... 80: |V| gamma < 1e-5 for every |V| below
+    v = np.array([32_000.0, 64_000.0, 128_000.0, 256_000.0])[:, None]
+    floor = entropy_floor(v, d, rho)
+    s = rho * np.sqrt(d * v / (v - 1))
+    np.testing.assert_allclose(floor, (v - 1) * np.exp(-s) * (1 + s), rtol=1e-4)
+    np.testing.assert_allclose(floor[1:] / floor[:-1], 2.0, rtol=1e-3)  # linear in |V|: twice |V|, twice H_min
+    slope = np.diff(np.log(floor / (1 + s)), axis=1) / np.diff(np.sqrt(d))  # d log(H_min / (1 + s)) / d sqrt(D)
+    np.testing.assert_allclose(slope, np.broadcast_to(-rho * np.sqrt(v / (v - 1)), slope.shape), rtol=1e-6)
 
 
-def test_floor_and_gap_move_with_vocabulary_and_hidden_size():
-    d = np.geomspace(8, 16384, 40)[:, None]
-    v = np.array([32000, 49152, 128256, 262144])[None, :]
-    floor, gap = entropy_floor(d, v), normalised_entropy_gap(d, v)
-    assert np.all(np.diff(floor, axis=0) <= 0) and np.all(np.diff(floor, axis=1) >= 0)
-    assert np.all(np.diff(gap, axis=0) <= 0) and np.all(np.diff(gap, axis=1) >= 0)
-    assert np.all((gap >= 0) & (gap < 1)) and np.all(floor <= np.log(v))
-    assert normalised_entropy_gap(5, 6) == 0.0 and normalised_entropy_gap(100, 6) == 0.0
-    assert entropy_floor(4, 100, logit_std=0.0) == pytest.approx(np.log(100))  # no logit scale: uniform
+def test_floor_and_gap_move_as_the_paper_says():
+    d = np.geomspace(1, 16384, 40)[:, None]
+    v = np.array([32_000, 49_152, 128_256, 262_144])[None, :]
+    floor, gap = entropy_floor(v, d, 0.1), normalised_entropy_gap(v, d, 0.1)
+    assert np.all(np.diff(floor, axis=0) <= 0) and np.all(np.diff(floor, axis=1) >= 0)  # falls with D, rises with V
+    assert np.all(np.diff(gap, axis=0) >= 0) and np.all(np.diff(gap, axis=1) <= 0)
+    assert np.all((gap >= 0) & (gap <= 1)) and np.all(floor <= np.log(v) + 1e-12)
+    rho = np.geomspace(1e-4, 10, 30)  # Remark 4.4: dividing the logits by T > 1 lowers rho and raises the floor
+    assert np.all(np.diff(entropy_floor(1000, 64, rho)) < 0)
+    assert entropy_floor(100, 4, 0.0) == pytest.approx(np.log(100), rel=1e-15)  # no logit scale: uniform
+    assert entropy_floor(262_144, 640, 50.0) == 0.0  # gamma underflows: no floor
 
 
-@pytest.mark.parametrize("args", [(0, 10), (4, 1), (4, 10, -1.0), (np.array([4, 0]), 10)])
+@pytest.mark.parametrize("args", [(1, 10, 1.0), (10, 0, 1.0), (10, 4, -1.0), (10, 4, np.inf), (np.array([4, 1]), 4, 1.0)])
 def test_invalid_arguments_are_one_line_errors(args):
-    with pytest.raises(ValueError, match="expected"):
+    with pytest.raises(ValueError, match="expected vocab_size >= 2"):
         entropy_floor(*args)
