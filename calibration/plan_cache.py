@@ -9,17 +9,17 @@ returns exactly what ``calibration.requests.plan`` returns, computing it once pe
 where the fingerprint is the tokenizer's class, its special tokens and its full serialisation (vocabulary, merges,
 normaliser, pre-tokeniser, post-processor: ``backend_tokenizer.to_str()``). A tokenizer without a serialisation
 (a slow, Python-only one) is never cached. Files are ``<directory>/<key>.pkl``, written to a temporary name and
-renamed (atomic), so trials that tokenise the same task at once on one node leave one whole file.
+renamed (atomic, ``calibration.disk_cache``), so trials that tokenise the same task at once on one node leave one
+whole file; an unreadable file is tokenised again.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import pickle
 from pathlib import Path
 from typing import Any, Sequence
 
+from calibration.disk_cache import cached_pickle
 from calibration.prompts import Prompt
 from calibration.requests import Group, plan
 
@@ -51,13 +51,4 @@ def cached_plan(tokenizer: Any, prompts: Sequence[Prompt], *, share_prefix: bool
     if fingerprint is None:
         return plan(tokenizer, prompts, share_prefix=share_prefix)
     path = Path(directory) / f"{plan_key(fingerprint, prompts, share_prefix)}.pkl"
-    if path.is_file():
-        with open(path, "rb") as handle:
-            return pickle.load(handle)
-    groups = plan(tokenizer, prompts, share_prefix=share_prefix)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    with open(partial, "wb") as handle:
-        pickle.dump(groups, handle, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(partial, path)
-    return groups
+    return cached_pickle(path, lambda: plan(tokenizer, prompts, share_prefix=share_prefix))

@@ -46,3 +46,13 @@ def test_the_key_changes_with_the_tokenizer_the_prompts_and_sharing(tokenizer, p
     other = copy.deepcopy(tokenizer)
     other.add_tokens(["<calsweep-new-token>"])
     assert tokenizer_fingerprint(other) != fingerprint
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x80\x05garbage", None])
+def test_an_unreadable_or_truncated_plan_file_is_tokenised_again(tokenizer, prompts, tmp_path, damage):
+    expected = plan(tokenizer, prompts)
+    cached_plan(tokenizer, prompts, directory=tmp_path)
+    (stored,) = tmp_path.glob("*.pkl")
+    stored.write_bytes(stored.read_bytes()[:20] if damage is None else damage)
+    assert cached_plan(tokenizer, prompts, directory=tmp_path) == expected
+    assert pickle.loads(stored.read_bytes()) == expected
