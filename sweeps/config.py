@@ -1,22 +1,27 @@
 """Sweep configuration: a YAML file -> a validated, frozen ``SweepConfig``.
 
-A sweep is families x learning_rates x label_smoothing (grid), each point one trial whose settings are the
-shared ``sft``/``train``/``eval`` sections. Every problem in the file is reported at once, one per line item.
+A sweep is families x learning_rates x label_smoothing x seeds (grid), each point one trial whose settings are
+the shared ``sft``/``train``/``eval`` sections. Every problem in the file is reported at once, one per line item.
+YAML is read with YAML 1.2's numbers (``5e-5`` is a float, not a string); ``KEY.SUB=VALUE`` overrides from the
+command line are parsed the same way and validated like the file.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
 from trainable.config import (ConfigError, CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, build,
-                              check_label_smoothing, check_learning_rate)
+                              check_label_smoothing, check_learning_rate, suggest)
 
 SAMPLERS = ("tpe", "random", "cmaes", "nsga2", "gp")
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.yaml"
@@ -42,7 +47,7 @@ class AshaConfig:
     mode: str = "min"
     grace_period: int = 2  # reports before a trial can be stopped
     reduction_factor: int = 2
-    max_t: int = 100
+    max_t: int | None = None  # steps after which ASHA stops a trial; null: the trials' steps + 1 (never cut short)
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,8 @@ class SweepConfig:
     """The whole sweep: what to vary, and the settings shared by every trial."""
 
     name: str = "default"
-    seed: int = 0
+    seed: int = 0  # the trials' seed (data order, new weights, dropout) and the Optuna sampler's
+    seeds: tuple[int, ...] | None = None  # a seeds axis: every grid point once per seed; null: [seed]
     data_dir: str | None = None  # local data root; null: $CALSWEEP_DATA_DIR, else the Hugging Face hub
     results_dir: str = "results"  # Parquet store root (local path or pyarrow.fs URI such as s3://bucket/x)
     families: tuple[str, ...] = ("smollm2-135m", "gemma3-270m")
@@ -80,16 +86,37 @@ class SweepConfig:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
 
-    def trial_points(self) -> list[tuple[str, float, float]]:
-        """The grid in a fixed order: (family, learning_rate, label_smoothing)."""
-        return [(f, lr, b) for f in self.families for lr in self.learning_rates for b in self.label_smoothing]
+    @property
+    def trial_seeds(self) -> tuple[int, ...]:
+        """The seeds each grid point runs with: ``seeds``, else ``(seed,)``."""
+        return self.seeds or (self.seed,)
 
-    def trial(self, family: str, learning_rate: float, label_smoothing: float) -> TrialConfig:
+    def trial_points(self) -> list["TrialPoint"]:
+        """The grid in a fixed order: family, then learning rate, then beta, then seed."""
+        return [TrialPoint(f, lr, b, s) for f in self.families for lr in self.learning_rates
+                for b in self.label_smoothing for s in self.trial_seeds]
+
+    def point(self, params: dict[str, Any]) -> "TrialPoint":
+        """The point of a Tune trial's ``params`` (a study varies no seed: it gets the sweep's first)."""
+        return TrialPoint(params["family"], params["learning_rate"], params["label_smoothing"],
+                          params.get("seed", self.trial_seeds[0]))
+
+    def trial(self, point: "TrialPoint") -> TrialConfig:
         """The ``TrialConfig`` of one grid point."""
-        return TrialConfig(run_name=self.name, trial_id=trial_id(family, learning_rate, label_smoothing, self.seed),
+        family, learning_rate, label_smoothing, seed = point
+        return TrialConfig(run_name=self.name, trial_id=trial_id(family, learning_rate, label_smoothing, seed),
                            family=family, learning_rate=learning_rate, label_smoothing=label_smoothing,
-                           seed=self.seed, data_dir=self.data_dir, results_dir=self.results_dir,
+                           seed=seed, data_dir=self.data_dir, results_dir=self.results_dir,
                            custom_models=self.custom_models, sft=self.sft, train=self.train, eval=self.eval)
+
+
+class TrialPoint(NamedTuple):
+    """One trial of the sweep: what varies between trials."""
+
+    family: str
+    learning_rate: float
+    label_smoothing: float
+    seed: int
 
 
 def workers_for(sweep: "SweepConfig", family: str) -> int:
@@ -118,7 +145,7 @@ def trial_id(family: str, learning_rate: float, label_smoothing: float, seed: in
 
 
 def _check_sweep(config: SweepConfig) -> list[str]:
-    from trainable.models import resolve_model
+    from trainable.models import REGISTRY, resolve_model
 
     problems = []
     for value in config.label_smoothing:
@@ -126,9 +153,12 @@ def _check_sweep(config: SweepConfig) -> list[str]:
     for value in config.learning_rates:
         problems += [f"learning_rates: {p}" for p in check_learning_rate(value)]
     for name, values in (("families", config.families), ("learning_rates", config.learning_rates),
-                         ("label_smoothing", config.label_smoothing)):
+                         ("label_smoothing", config.label_smoothing), ("seeds", config.trial_seeds)):
         if not values:
             problems.append(f"{name}: expected at least one value, got []")
+        elif len(set(values)) != len(values):
+            problems.append(f"{name}: expected distinct values, got {list(values)!r}")
+    problems += [f"seeds: expected integers >= 0, got {s!r}" for s in config.trial_seeds if s < 0]
     search = config.search
     if search.method not in ("grid", "optuna"):
         problems.append(f"search.method: expected 'grid' or 'optuna', got {search.method!r}")
@@ -138,8 +168,11 @@ def _check_sweep(config: SweepConfig) -> list[str]:
         problems.append(f"search.num_samples: expected an integer >= 1, got {search.num_samples!r}")
     if not search.objectives or any(mode not in ("min", "max") for mode in search.objectives.values()):
         problems.append(f"search.objectives: expected a mapping metric -> 'min' | 'max', got {search.objectives!r}")
-    if search.asha and search.asha.mode not in ("min", "max"):
-        problems.append(f"search.asha.mode: expected 'min' or 'max', got {search.asha.mode!r}")
+    if search.method == "optuna" and len(config.trial_seeds) > 1:
+        problems.append(f"seeds: expected one seed with search.method 'optuna' (a study samples points, not "
+                        f"repeats), got {list(config.trial_seeds)!r}")
+    if search.asha:
+        problems += [f"search.asha.{p}" for p in _check_asha(search.asha, config.train)]
     gpus = config.resources.gpus_per_worker
     if gpus is not None and (gpus < 0 or (gpus > 1 and gpus != int(gpus))):
         problems.append(f"resources.gpus_per_worker: expected a fraction in [0, 1] or a whole number, got {gpus!r}")
@@ -150,7 +183,21 @@ def _check_sweep(config: SweepConfig) -> list[str]:
         try:
             resolve_model(family)
         except ValueError as exc:
-            problems.append(f"families: {exc}")
+            problems.append(f"families: {exc}{suggest(family, REGISTRY)}")
+    return problems
+
+
+def _check_asha(asha: AshaConfig, train: TrainConfig) -> list[str]:
+    """What can be said of ASHA without the data (its ``max_t`` against the trials' steps: ``search.asha_problems``)."""
+    problems = []
+    if asha.mode not in ("min", "max"):
+        problems.append(f"mode: expected 'min' or 'max', got {asha.mode!r}")
+    if asha.metric == "val_loss" and train.val_examples == 0:
+        problems.append("metric: 'val_loss' is reported only with train.val_examples > 0, got 0")
+    for name in ("grace_period", "reduction_factor", "max_t"):
+        value = getattr(asha, name)
+        if value is not None and value < (2 if name == "reduction_factor" else 1):
+            problems.append(f"{name}: expected an integer >= {2 if name == 'reduction_factor' else 1}, got {value!r}")
     return problems
 
 
@@ -160,6 +207,8 @@ def sweep_from_dict(data: dict[str, Any], where: str = "config") -> SweepConfig:
         raise ConfigError(f"{where}: expected a YAML mapping of sweep settings, got {type(data).__name__}")
     errors: list[str] = []
     data = dict(data)
+    if "seed" in data and data.get("seeds") is not None:
+        errors.append(f"{where}.seeds: expected either `seed: N` or `seeds: [N, ...]`, got both")
     models = data.get("custom_models") or {}
     if isinstance(models, dict):
         data["custom_models"] = {name: build(CustomModel, spec, f"{where}.custom_models.{name}", errors)
@@ -172,15 +221,73 @@ def sweep_from_dict(data: dict[str, Any], where: str = "config") -> SweepConfig:
     return config
 
 
-def load_sweep(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> SweepConfig:
-    """Read a sweep YAML (the packaged default when ``path`` is None) and apply top-level overrides."""
+def sweep_to_dict(sweep: SweepConfig) -> dict[str, Any]:
+    """The sweep as plain data that ``sweep_from_dict`` reads back (``seed`` or ``seeds``, whichever is in use)."""
+    data = dataclasses.asdict(sweep)
+    data.pop("seed" if sweep.seeds else "seeds")
+    return data
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: an exponent needs no dot (``5e-5`` is a number)."""
+
+
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                                    list("-+0123456789"))
+
+
+def read_yaml(text: str) -> Any:
+    """Parse YAML text as sweep files are read (YAML 1.2 numbers)."""
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def apply_assignments(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """``data`` with each ``KEY.SUB=VALUE`` set (VALUE parsed as YAML; missing mappings created; ``seed`` and
+    ``seeds`` replace each other); a malformed assignment raises ``ConfigError`` naming it, all at once. Keys and
+    values are validated afterwards, with the file's."""
+    data = copy.deepcopy(data)
+    problems = []
+    for item in assignments:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            problems.append(f"{item!r}: expected KEY=VALUE with a dotted KEY, e.g. train.max_steps=100")
+            continue
+        try:
+            value = read_yaml(text)
+        except yaml.YAMLError as exc:
+            problems.append(f"{item!r}: the value is not valid YAML ({str(exc).splitlines()[0]})")
+            continue
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                problems.append(f"{item!r}: {'.'.join(parts[:depth + 1])} is {node!r}, not a mapping of settings")
+                break
+        else:
+            node[parts[-1]] = value
+            if parts in (["seed"], ["seeds"]):  # one setting: the command line's replaces the file's
+                data.pop("seeds" if parts == ["seed"] else "seed", None)
+    if problems:
+        raise ConfigError("override " + "; override ".join(problems))
+    return data
+
+
+def load_sweep(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+               assignments: list[str] | None = None) -> SweepConfig:
+    """Read a sweep YAML (the packaged default when ``path`` is None), apply top-level ``overrides`` (None values
+    skipped) and then ``KEY.SUB=VALUE`` ``assignments``, and validate the result."""
     path = Path(path) if path else DEFAULT_CONFIG
     if not path.is_file():
         raise ConfigError(f"--config {str(path)!r}: expected an existing YAML file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if isinstance(data, dict):
         data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        data = apply_assignments(data, assignments or [])
     return sweep_from_dict(data, where=path.name)

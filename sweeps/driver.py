@@ -3,17 +3,19 @@
 Pattern of Ray Train V2 + Tune: Tune runs ``trial_driver(params)`` per grid point; the driver builds the
 trial's ``TorchTrainer`` (one or more workers running ``trainable.worker.train_fn_per_worker``), forwards
 worker reports to Tune (``TuneReportCallback``), and writes the trial's row (ok, or failed with its error)
-to the results store. A trial already stored as ok is not run again (resume).
+to the results store. A trial already stored as ok is not run again (resume) if its stored config matches the
+current one (``sweeps.fingerprint``); one from another config is refused, or re-run with ``rerun_changed``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import socket
 from typing import Any
 
-from sweeps import store
+from sweeps import fingerprint, store
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
 
 ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_first", "val_loss", "train_confidence", "train_steps",
@@ -37,7 +39,7 @@ def one_line(error: BaseException) -> str:
 def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any], status: str,
               error: str | None, started: dt.datetime, provenance: dict[str, str]) -> dict[str, Any]:
     """One row of ``store.TRIAL_SCHEMA`` for a finished (or failed) trial."""
-    trial = sweep.trial(params["family"], params["learning_rate"], params["label_smoothing"])
+    trial = sweep.trial(sweep.point(params))
     row: dict[str, Any] = {
         "run_name": sweep.name, "trial_id": trial.trial_id, "status": status, "error": error,
         "family": trial.family, "sft_dataset": trial.sft.dataset, "learning_rate": trial.learning_rate,
@@ -69,6 +71,23 @@ def worker_env(sweep: SweepConfig) -> dict[str, str]:
     return env
 
 
+class ChangedConfigError(RuntimeError):
+    """A trial's stored ok row comes from another config, and re-running it was not asked for."""
+
+
+def already_done(sweep: SweepConfig, trial_id: str, config: dict[str, Any], rerun_changed: bool) -> bool:
+    """Whether the trial's stored row is ok and from the same config (so it is not run again); a stored ok row
+    from another config raises ``ChangedConfigError`` unless ``rerun_changed``."""
+    stored = store.stored_trial(sweep.results_dir, sweep.name, trial_id)
+    if stored is None or stored["status"] != "ok":
+        return False
+    changed = fingerprint.differences(json.loads(stored["config_json"] or "{}"), config)
+    if changed and not rerun_changed:
+        raise ChangedConfigError(f"trial {trial_id}: its stored ok row comes from another config "
+                                 f"({fingerprint.describe(changed)}); re-run with --rerun-changed")
+    return not changed
+
+
 def trial_driver(params: dict[str, Any]) -> None:
     """Run one grid point as a TorchTrainer; record ok/failed in the store; re-raise failures for Tune."""
     import ray.tune
@@ -79,8 +98,8 @@ def trial_driver(params: dict[str, Any]) -> None:
     from trainable.worker import train_fn_per_worker
 
     sweep = sweep_from_dict(params["sweep"])
-    trial = sweep.trial(params["family"], params["learning_rate"], params["label_smoothing"])
-    if store.trial_statuses(sweep.results_dir, sweep.name).get(trial.trial_id) == "ok":
+    trial = sweep.trial(sweep.point(params))
+    if already_done(sweep, trial.trial_id, trial.to_dict(), params.get("rerun_changed", False)):
         ray.tune.report({"phase": "done", "resumed_from_store": True})
         return
     started = _now()

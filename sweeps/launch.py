@@ -1,9 +1,10 @@
-"""Run a label-smoothing calibration sweep: ``python sweeps/launch.py [--config FILE] [--address auto]``.
+"""Run a label-smoothing calibration sweep: ``python sweeps/launch.py [--config FILE] [KEY.SUB=VALUE ...]``.
 
 With no arguments it runs the packaged default sweep (sweeps/configs/default.yaml) on this machine, Ray
 started in-process; ``--address auto`` (or $RAY_ADDRESS) joins a running cluster instead. Each grid point
-(family x learning rate x beta) is one Ray Tune trial driving a Ray Train TorchTrainer with DeepSpeed;
-results go to the Parquet store under ``results_dir`` and a summary table is printed at the end.
+(family x learning rate x beta x seed) is one Ray Tune trial driving a Ray Train TorchTrainer with DeepSpeed;
+results go to the Parquet store under ``results_dir`` and a summary table is printed at the end. Before Ray
+starts, the pre-flight (``sweeps.preflight``) checks models, data, ASHA and the store, and lists every problem.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import yaml  # noqa: E402
 
 from calibration.datasource import DataSourceError, resolve_data_dir  # noqa: E402
 from sweeps import store  # noqa: E402
-from sweeps.config import ConfigError, SweepConfig, load_sweep, workers_for  # noqa: E402
+from sweeps.config import ConfigError, SweepConfig, load_sweep, sweep_to_dict, workers_for  # noqa: E402
+from sweeps.preflight import preflight, stale_problems  # noqa: E402
 
 
 DRIVER_CPUS = 0.01  # a trial's Tune function only waits on its TorchTrainer
@@ -53,7 +55,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", metavar="RUN", default=None,
                         help="continue the interrupted sweep RUN from <results-dir>/runs/RUN/sweep.yaml: finished "
                              "trials are not re-run, unfinished and errored ones are")
-    parser.add_argument("--dry-run", action="store_true", help="validate the config, list the trials and exit")
+    parser.add_argument("--rerun-changed", action="store_true",
+                        help="re-run trials whose stored ok row comes from another config (otherwise an error)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate the config, run the pre-flight checks, list the trials and exit")
+    parser.add_argument("assignments", nargs="*", metavar="KEY.SUB=VALUE",
+                        help="config overrides, VALUE read as YAML, e.g. train.max_steps=100 eval.limit=null "
+                             "seeds=[0,1,2]")
     return parser.parse_args(argv)
 
 
@@ -80,15 +88,15 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float]) -> SweepConfig
 
 
 def summary_table(results_dir: str, run_name: str, tasks: tuple[str, ...]) -> str:
-    """The run's trials as a fixed-width table: family, lr, beta, loss, then acc/ECE/RMS per task."""
+    """The run's trials as a fixed-width table: family, lr, beta, seed, loss, then acc/ECE/RMS per task."""
     rows = sorted(store.read_trials(results_dir, run_name).to_pylist(),
-                  key=lambda r: (r["family"], r["learning_rate"], r["label_smoothing"]))
-    header = ["family", "lr", "beta", "status", "train_loss"] + [f"{t}_{m}" for t in tasks
-                                                                  for m in ("acc", "ece", "rms")]
+                  key=lambda r: (r["family"], r["learning_rate"], r["label_smoothing"], r["seed"]))
+    header = ["family", "lr", "beta", "seed", "status", "train_loss"] + [f"{t}_{m}" for t in tasks
+                                                                          for m in ("acc", "ece", "rms")]
     lines = [header]
     for row in rows:
-        cells = [row["family"], f"{row['learning_rate']:g}", f"{row['label_smoothing']:g}", row["status"],
-                 _fmt(row["train_loss"])]
+        cells = [row["family"], f"{row['learning_rate']:g}", f"{row['label_smoothing']:g}", str(row["seed"]),
+                 row["status"], _fmt(row["train_loss"])]
         cells += [_fmt(row.get(f"{t}_{m}")) for t in tasks for m in ("accuracy", "ece", "rms_ce")]
         lines.append(cells)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
@@ -106,18 +114,19 @@ def save_sweep(sweep: SweepConfig) -> str:
     path = os.path.join(directory, "sweep.yaml")
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w") as handle:
-        yaml.safe_dump(json.loads(json.dumps(dataclasses.asdict(sweep))), handle, sort_keys=False)
+        yaml.safe_dump(json.loads(json.dumps(sweep_to_dict(sweep))), handle, sort_keys=False)
     os.replace(temporary, path)
     return path
 
 
 def _trial_name(sweep: SweepConfig):
-    return lambda t: sweep.trial(t.config["family"], t.config["learning_rate"], t.config["label_smoothing"]).trial_id
+    return lambda t: sweep.trial(sweep.point(t.config)).trial_id
 
 
-def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: bool = False) -> int:
-    """Start or join Ray, run the sweep through Tune (restoring it with ``resume``), print the summary;
-    return the number of trials that did not finish ok."""
+def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: bool = False,
+              rerun_changed: bool = False) -> int:
+    """Start or join Ray, run the sweep through Tune (restoring it with ``resume``; re-running trials stored from
+    another config with ``rerun_changed``), print the summary; return the number of trials not finished ok."""
     import ray
     from ray import tune
 
@@ -139,7 +148,8 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     if "://" not in results_dir:
         save_sweep(sweep)
     storage_path = f"{results_dir}/ray" if "://" in results_dir else os.path.join(results_dir, "ray")
-    param_space = {**search.search_space(sweep), "sweep": dataclasses.asdict(sweep), "storage_path": storage_path,
+    param_space = {**search.search_space(sweep), "sweep": sweep_to_dict(sweep), "storage_path": storage_path,
+                   "rerun_changed": rerun_changed,
                    "provenance": {"package_versions": package_versions(), "git_rev": git_revision()}}
     trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
     experiment = f"{storage_path}/{sweep.name}"
@@ -175,18 +185,29 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--resume {args.resume!r}: expected a run saved at {config}, found none")
         families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
         sweep = load_sweep(config, {"name": args.name, "results_dir": args.results_dir, "data_dir": args.data_dir,
-                                    "families": families})
+                                    "families": families}, args.assignments)
         if "://" not in sweep.results_dir:
             sweep = dataclasses.replace(sweep, results_dir=os.path.abspath(sweep.results_dir))
         root = resolve_data_dir(sweep.data_dir)  # absolute, so that Ray workers in other directories find it
         sweep = dataclasses.replace(sweep, data_dir=str(root.resolve()) if root else None)
     except (ConfigError, DataSourceError) as exc:
         _fail(str(exc))
+    checked = preflight(sweep)
+    problems = checked.problems
+    if checked.changed and not args.rerun_changed:
+        problems = problems + stale_problems(checked.sweep, checked.changed)
+    if problems:
+        print("\n".join(f"calsweep: error: {problem}" for problem in problems), file=sys.stderr)
+        return 2
+    sweep = checked.sweep
+    if checked.changed:
+        print(f"Re-running {len(checked.changed)} trial(s) stored from another config (--rerun-changed)", flush=True)
     if args.dry_run:
-        for family, lr, beta in sweep.trial_points():
-            print(sweep.trial(family, lr, beta).trial_id)
+        for point in sweep.trial_points():
+            print(sweep.trial(point).trial_id)
         return 0
-    failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume))
+    failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume),
+                       rerun_changed=args.rerun_changed)
     return 1 if failed else 0
 
 

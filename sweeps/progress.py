@@ -65,7 +65,7 @@ class StoreRecorder(Callback):
         from sweeps.driver import _now, trial_row
 
         config = trial.config
-        trial_id = self.sweep.trial(config["family"], config["learning_rate"], config["label_smoothing"]).trial_id
+        trial_id = self.sweep.trial(self.sweep.point(config)).trial_id
         if trial_id in store.trial_statuses(self.sweep.results_dir, self.sweep.name):
             return
         row = trial_row(self.sweep, config, dict(trial.last_result or {}), status, error,

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -154,6 +157,40 @@ def trial_statuses(root: str, run_name: str) -> dict[str, str]:
     """trial_id -> status (ok | failed | stopped) of the run's stored trials."""
     table = read_trials(root, run_name)
     return dict(zip(table.column("trial_id").to_pylist(), table.column("status").to_pylist()))
+
+
+def stored_trial(root: str, run_name: str, trial_id: str) -> dict[str, Any] | None:
+    """The stored row of one trial, or None."""
+    table = read_trials(root, run_name)
+    rows = table.filter(pa.compute.equal(table.column("trial_id"), trial_id)).to_pylist()
+    return rows[0] if rows else None
+
+
+def writable_problem(root: str) -> str | None:
+    """Why the store cannot be written at ``root`` (one line), or None. A local root that does not exist yet is
+    checked at its nearest existing parent, so checking creates nothing."""
+    if "://" not in root:
+        path = Path(os.path.abspath(os.path.expanduser(root)))
+        if path.exists() and not path.is_dir():
+            return f"results_dir: {root!r} is a file; expected a directory (or a path to create) for the store"
+        existing = next(parent for parent in (path, *path.parents) if parent.exists())
+        if not existing.is_dir():
+            return f"results_dir: {root!r} lies under the file {str(existing)!r}; expected a directory path"
+        try:
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+        except OSError as exc:
+            return f"results_dir: {root!r} is not writable ({exc.strerror or exc} in {str(existing)!r})"
+        return None
+    try:
+        fs, base = _filesystem(root)
+        probe = f"{base}/.calsweep-write-check-{uuid.uuid4().hex}"
+        with fs.open_output_stream(probe) as sink:
+            sink.write(b"ok")
+        fs.delete_file(probe)
+    except Exception as exc:  # noqa: BLE001 - any storage failure is the one line
+        return f"results_dir: {root!r} is not writable ({' '.join(str(exc).split())[:200]})"
+    return None
 
 
 def config_json(config: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ problem (unknown key, bad value) is collected and reported together as one ``Con
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -101,8 +102,25 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 SCHEDULES = ("cosine", "linear", "constant")
 
 
+def as_number(value: Any, integral: bool = False) -> int | float | None:
+    """``value`` as a number, or None if it is not one: ints and floats as they are, a string that spells a
+    number ('5e-5', which YAML 1.1 reads as a string) parsed; with ``integral`` only whole numbers, as ``int``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, (int, float)):
+        return None
+    if integral:
+        return int(value) if isinstance(value, int) or (math.isfinite(value) and value == int(value)) else None
+    return value
+
+
 def _type_ok(value: Any, annotation: Any) -> bool:
-    """Whether ``value`` fits a (simple) type annotation; ints are accepted for floats."""
+    """Whether ``value`` fits a (simple) type annotation; numbers are accepted as ``as_number`` reads them."""
     origin = typing.get_origin(annotation)
     if annotation is Any:
         return True
@@ -110,10 +128,8 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         return any(_type_ok(value, arg) for arg in typing.get_args(annotation))
     if annotation is type(None):
         return value is None
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation in (int, float):
+        return as_number(value, integral=annotation is int) is not None
     if origin is tuple:
         return isinstance(value, (list, tuple))
     if origin is dict:
@@ -132,15 +148,21 @@ def _convert(value: Any, annotation: Any, where: str, errors: list[str]) -> Any:
         return value
     if dataclasses.is_dataclass(annotation) and isinstance(value, dict):
         return build(annotation, value, where, errors)
-    if origin is tuple:
-        return tuple(value)
-    if annotation is float:
-        return float(value)
+    if origin is tuple:  # numeric elements become numbers; others stay as given, for the field's own check to name
+        args = typing.get_args(annotation)
+        kinds = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        return tuple(_convert(item, kind, where, errors) if _type_ok(item, kind) else item
+                     for item, kind in zip(value, kinds + [Any] * (len(value) - len(kinds))))
+    if annotation in (int, float):
+        number = as_number(value, integral=annotation is int)
+        return float(number) if annotation is float else number
     return value
 
 
 def build(cls: type, data: dict[str, Any] | None, where: str, errors: list[str] | None = None) -> Any:
-    """Build dataclass ``cls`` from ``data``; collect problems into ``errors`` (raise if we own the list)."""
+    """Build dataclass ``cls`` from ``data``; collect problems into ``errors`` (raise if we own the list).
+
+    An unknown key is named with the closest valid one; a number may be given as a string that spells it."""
     own = errors is None
     errors = [] if errors is None else errors
     data = data or {}
@@ -152,7 +174,7 @@ def build(cls: type, data: dict[str, Any] | None, where: str, errors: list[str] 
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            errors.append(f"{where}.{key}: unknown key; expected one of {sorted(names)}")
+            errors.append(f"{where}.{key}: unknown key{suggest(str(key), names)}; expected one of {sorted(names)}")
             continue
         if not _type_ok(value, hints[key]):
             errors.append(f"{where}.{key}: expected {_describe(hints[key])}, got {value!r}")
@@ -165,6 +187,12 @@ def build(cls: type, data: dict[str, Any] | None, where: str, errors: list[str] 
     if own and errors:
         raise ConfigError("; ".join(errors))
     return instance
+
+
+def suggest(word: str, valid: typing.Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of ``valid`` to a mistyped ``word``, or '' if none is close."""
+    close = difflib.get_close_matches(word, sorted(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _describe(annotation: Any) -> str:
@@ -208,8 +236,14 @@ def _check_train(c: TrainConfig) -> list[str]:
     return problems
 
 
+MIN_SEQ_LEN = 2  # a prompt token and a response token (the first token is never a target)
+
+
 def _check_sft(c: SFTConfig) -> list[str]:
-    problems = _positive("max_seq_len", c.max_seq_len) + _positive("max_examples", c.max_examples, allow_none=True)
+    problems = _positive("max_examples", c.max_examples, allow_none=True)
+    if c.max_seq_len < MIN_SEQ_LEN:
+        problems.append(f"max_seq_len: expected an integer >= {MIN_SEQ_LEN} (room for a prompt and a response "
+                        f"token), got {c.max_seq_len!r}")
     if c.dataset not in SFTConfig.DATASETS:
         problems.append(f"dataset: expected one of {list(SFTConfig.DATASETS)}, got {c.dataset!r}")
     elif not c.local_file.endswith((".json", ".jsonl")):
@@ -224,7 +258,8 @@ def _check_eval(c: EvalConfig) -> list[str]:
     problems += _positive("batch_tokens", c.batch_tokens, allow_none=True) + _positive("n_bins", c.n_bins)
     unknown = [t for t in c.tasks if t not in KNOWN_TASKS]
     if unknown:
-        problems.append(f"tasks: expected a subset of {list(KNOWN_TASKS)}, got {unknown!r}")
+        problems.append(f"tasks: expected a subset of {list(KNOWN_TASKS)}, got {unknown!r}"
+                        f"{suggest(str(unknown[0]), KNOWN_TASKS)}")
     return problems
 
 

@@ -16,7 +16,7 @@ def test_paper_config_is_the_144_point_grid_at_batch_128(dataset):
     assert sweep.families == FAMILIES
     assert sweep.learning_rates == (5e-6, 2e-5, 5e-5, 2e-4)
     assert sweep.label_smoothing == (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
-    assert len(sweep.trial_points()) == 144 and len({sweep.trial(*p).trial_id for p in sweep.trial_points()}) == 144
+    assert len(sweep.trial_points()) == 144 and len({sweep.trial(p).trial_id for p in sweep.trial_points()}) == 144
     assert sweep.sft.dataset == dataset and sweep.sft.max_examples is None and sweep.sft.max_seq_len == 2048
     train = sweep.train
     for family in FAMILIES:  # the batch DeepSpeed gets: micro x accumulation x data-parallel workers

