@@ -21,6 +21,7 @@ import pyarrow as pa
 from torch.nn.attention import SDPBackend
 
 from calibration.bootstrap import Interval
+from calibration.cli import fail
 from calibration.records import SCHEMA, SCHEMA_VERSION, build_records
 from calibration.scoring import score_prompts
 from calibration.summary import fit_temperatures, summarize
@@ -120,12 +121,26 @@ def apply_overrides(configs: list[TaskConfig], overrides: Sequence[str]) -> list
     return [dataclasses.replace(c, **edits.get(c.name, {})) for c in configs]
 
 
+def _tasks(text: str) -> list[TaskConfig]:
+    """``--tasks``' comma list as task configs; an unknown name raises ``ValueError`` naming it and the valid ones."""
+    from calibration.task_config import TASKS
+    from trainable.config import suggest
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TASKS]
+    if unknown or not names:
+        raise ValueError(f"--tasks: expected a comma list of {sorted(TASKS)}, got {text!r}"
+                         f"{suggest(unknown[0], TASKS) if unknown else ''}")
+    return [resolve_task(t) for t in names]
+
+
 def main(argv: Sequence[str] | None = None) -> EvalResult:
     import torch
 
+    from calibration.datasource import DataSourceError, resolve_data_dir
     from calibration.records import write_records
     from calibration.report import format_table, write_diagrams, write_summary
-    from trainable.models import load_pretrained
+    from trainable.models import load_pretrained, resolve_model
 
     parser = argparse.ArgumentParser(prog="python -m calibration.evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="registry name (smollm2-135m, gemma3-270m), hub id or path")
@@ -147,13 +162,24 @@ def main(argv: Sequence[str] | None = None) -> EvalResult:
     parser.add_argument("--no-share-prefix", action="store_true", help="recompute the k-shot prefix per question")
     args = parser.parse_args(argv)
 
-    configs = apply_overrides([resolve_task(t) for t in args.tasks.split(",") if t], args.overrides)
+    try:
+        configs = apply_overrides(_tasks(args.tasks), args.overrides)
+        resolve_model(args.model)
+        resolve_data_dir(args.data_dir)
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit: expected an integer >= 1 (or no --limit for every question), got {args.limit}")
+    except (ValueError, DataSourceError) as exc:
+        fail(parser.prog, str(exc))
     dtype = getattr(torch, args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32"))
     model, tokenizer = load_pretrained(args.model, dtype=dtype, device=args.device)
     started = time.time()
-    result = evaluate_model(model, tokenizer, configs, data_dir=args.data_dir, limit=args.limit,
-                            batch_size=args.batch_size, batch_tokens=args.batch_tokens, heldout=not args.no_heldout,
-                            n_bins=args.n_bins, n_boot=args.n_boot, share_prefix=not args.no_share_prefix)
+    try:
+        result = evaluate_model(model, tokenizer, configs, data_dir=args.data_dir, limit=args.limit,
+                                batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                                heldout=not args.no_heldout, n_bins=args.n_bins, n_boot=args.n_boot,
+                                share_prefix=not args.no_share_prefix)
+    except DataSourceError as exc:
+        fail(parser.prog, str(exc))
     out = Path(args.out or Path("results") / "eval" / Path(args.model).name)
     out.mkdir(parents=True, exist_ok=True)
     temperatures = {t: s["temperature"] for t, s in result.summary.items() if "temperature" in s}

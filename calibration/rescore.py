@@ -14,6 +14,10 @@ import argparse
 from pathlib import Path
 from typing import Any, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from calibration.cli import fail
 from calibration.records import read_records, read_store_questions
 from calibration.report import format_table, write_diagrams, write_summary
 from calibration.summary import SCORES, fit_temperatures, summarize
@@ -71,8 +75,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=None, help="output directory (default: the evaluate directory, or "
                                                     "<results>/rescore/<run>__<trial>/ for a store file)")
     args = parser.parse_args(argv)
-    return rescore(args.source, n_bins=args.n_bins, temperature=args.temperature, score=args.score,
-                   n_boot=args.n_boot, plots=args.plots, out=args.out)
+    try:
+        _check_source(Path(args.source))
+        return rescore(args.source, n_bins=args.n_bins, temperature=args.temperature, score=args.score,
+                       n_boot=args.n_boot, plots=args.plots, out=args.out)
+    except ValueError as exc:  # the source's and the settings' problems: records of another schema, bad --temperature
+        fail(parser.prog, str(exc))
+
+
+def _check_source(source: Path) -> None:
+    """Raise ``ValueError`` (one line) unless ``source`` is an evaluate directory or a Parquet file."""
+    path = source / "records.parquet" if source.is_dir() else source
+    if not path.is_file():
+        raise ValueError(f"{str(source)!r}: expected an output directory of python -m calibration.evaluate (holding "
+                         f"records.parquet) or a store's questions/<run>__<trial>.parquet file, found "
+                         f"{'a directory without records.parquet' if source.is_dir() else 'nothing'}")
+    try:
+        pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ValueError(f"{str(path)!r}: expected a Parquet file ({' '.join(str(exc).split())[:160]})") from None
 
 
 if __name__ == "__main__":

@@ -113,7 +113,46 @@ def test_rescore_reads_a_sweep_stores_question_file_and_writes_beside_the_store(
     assert fitted["hellaswag"]["n_questions"] == result.summary["hellaswag"]["n_questions"]  # its test split only
     written = tmp_path / "results" / "rescore" / "run__trial" / "rescore_loglik_b15_tfit.json"
     assert json.loads(written.read_text())["report_splits"] == {"arc_easy": "test", "hellaswag": "val"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "smollm2-135m", "--tasks", "nope"], "--tasks: expected a comma list of"),
+    (["--model", "smollm2-135m", "--tasks", "hellaswg"], "(did you mean 'hellaswag'?)"),
+    (["--model", "smollm2-135m", "--tasks", "mmlu", "--set", "mmlu.shots=2"], "TASK.FIELD=VALUE"),
+    (["--model", "no-such-model", "--tasks", "mmlu"], "unknown model family 'no-such-model'"),
+    (["--model", "smollm2-135m", "--limit", "0"], "--limit: expected an integer >= 1"),
+])
+def test_evaluate_cli_bad_inputs_are_one_line_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and message in err
+    assert err.startswith("python -m calibration.evaluate: error: ")
+
+
+def test_rescore_cli_bad_sources_are_one_line_errors(tmp_path, capsys):
+    text = tmp_path / "notes.txt"
+    text.write_text("not parquet")
+    empty = tmp_path / "empty"
+    empty.mkdir()
     other = tmp_path / "other.parquet"
     pq.write_table(pa.table({"task": ["x"]}), other)
-    with pytest.raises(ValueError, match="missing"):
-        rescore_main([str(other)])
+    for source, message in ((tmp_path / "missing", "found nothing"), (empty, "a directory without records.parquet"),
+                            (text, "expected a Parquet file"), (other, "missing")):
+        with pytest.raises(SystemExit) as info:
+            rescore_main([str(source)])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1 and message in err, err
+        assert err.startswith("python -m calibration.rescore: error: ") and str(source) in err
+
+
+def test_rescore_cli_bad_temperature_is_a_one_line_error(model_dir, mini_data, tmp_path, capsys):
+    out = tmp_path / "eval"
+    main(["--model", str(model_dir), "--tasks", "arc_easy", "--limit", "2", "--out", str(out),
+          "--data-dir", str(mini_data), "--n-boot", "0", "--no-heldout"])
+    capsys.readouterr()
+    for argv, message in (([str(out), "--temperature", "hot"], "expected --temperature fit or a positive number"),
+                          ([str(out), "--temperature", "fit"], "for --temperature fit")):
+        with pytest.raises(SystemExit):
+            rescore_main(argv)
+        assert message in capsys.readouterr().err
