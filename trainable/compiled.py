@@ -10,7 +10,7 @@ forward passes ``use_cache=False`` so that one graph serves every layer of a kin
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -22,12 +22,13 @@ def compile_wanted(setting: bool | None, device: torch.device) -> bool:
 
 
 @contextlib.contextmanager
-def compiled_decoder_layers(model: nn.Module, enabled: bool = True) -> Iterator[int]:
+def compiled_decoder_layers(model: nn.Module, enabled: bool = True, backend: Any = "inductor") -> Iterator[int]:
     """Within the block every ``*DecoderLayer`` of a Hugging Face model runs ``torch.compile(layer.forward)``;
-    yields how many layers were compiled (0 when not ``enabled``); the eager forwards are back afterwards."""
+    yields how many layers were compiled (0 when not ``enabled``); the eager forwards are back afterwards.
+    ``backend`` is torch.compile's (tests count Dynamo's graphs with a backend of their own)."""
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")] if enabled else []
     for layer in layers:
-        layer.forward = torch.compile(layer.forward)
+        layer.forward = torch.compile(layer.forward, backend=backend)
     limit = max(torch._dynamo.config.recompile_limit, len(layers))
     try:
         with torch._dynamo.config.patch(recompile_limit=limit):

@@ -78,6 +78,8 @@ class TrainConfig:
     loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
     compile: bool | None = None  # torch.compile each decoder layer; null: on CUDA only (CPU compiles take minutes)
     pad_to_multiple: int | None = None  # right-pad batches to a multiple of this width; null: 64 on CUDA, 1 on CPU
+    pack: bool | None = None  # several examples per fixed-width row (trainable/packing.py); null: on CUDA only
+    pack_length: int | None = None  # packed row width in tokens; null: sft.max_seq_len rounded up to pad_to_multiple
     attention_check: bool = True  # before step 1: train with attention kernels that match the math kernel
     log_every: int = 10  # optimiser steps between progress reports (each one syncs the workers with Ray Train)
     val_examples: int = 0  # held out from the SFT data for a validation loss (what ASHA watches)
@@ -224,6 +226,8 @@ def _check_train(c: TrainConfig) -> list[str]:
         problems.append(f"dropout: expected a number in [0, 1) or null, got {c.dropout!r}")
     if c.pad_to_multiple is not None and c.pad_to_multiple < 1:
         problems.append(f"pad_to_multiple: expected an integer >= 1 or null, got {c.pad_to_multiple!r}")
+    if c.pack_length is not None and c.pack_length < 2:
+        problems.append(f"pack_length: expected an integer >= 2 or null, got {c.pack_length!r}")
     if c.loss_impl not in ("fused", "torch"):
         problems.append(f"loss_impl: expected 'fused' or 'torch', got {c.loss_impl!r}")
     if c.val_examples < 0:

@@ -29,8 +29,9 @@ class FusedLMHead(nn.Module):
         self.softcap = softcap
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, *, label_smoothing: float = 0.0,
-                loss_impl: str = "fused") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits, or with targets (mean loss, mean max-probability over non-ignored tokens)."""
+                loss_impl: str = "fused", reduction: str = "mean") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits, or with targets (loss over non-ignored tokens, their mean max-probability); ``reduction``
+        "mean" or "sum" of the per-token losses."""
         if targets is None:
             logits = F.linear(hidden, self.weight)
             return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
@@ -38,11 +39,12 @@ class FusedLMHead(nn.Module):
         if loss_impl == "fused":
             loss, stats = kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
                                                        ignore_index=IGNORE_INDEX, softcap=self.softcap,
-                                                       return_stats=True)
+                                                       reduction=reduction, return_stats=True)
             return loss, _masked_mean(stats.max_prob.flatten(), kept)
         logits = self.forward(hidden)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, -2)
-        loss = F.cross_entropy(logits, targets.flatten(), label_smoothing=label_smoothing, ignore_index=IGNORE_INDEX)
+        loss = F.cross_entropy(logits, targets.flatten(), label_smoothing=label_smoothing, ignore_index=IGNORE_INDEX,
+                               reduction=reduction)
         return loss, _masked_mean(logits.detach().softmax(-1).amax(-1), kept)
 
 
@@ -62,9 +64,15 @@ def install_fused_head(model: nn.Module) -> FusedLMHead:
 
 
 class CausalLMWithFusedLoss(nn.Module):
-    """Wraps a HF causal LM: forward(batch) -> mean label-smoothed loss over response tokens.
+    """Wraps a HF causal LM: forward(batch) -> label-smoothed loss over response tokens.
 
     targets[t] = labels[t + 1] (next-token prediction); the last position and prompt/padding are ignored.
+    Without ``loss_divisor`` the loss is the mean over the batch's response tokens. With it, the loss is
+    sum / loss_divisor: the trial loop passes (response tokens of the whole optimiser step, all micro-batches and
+    ranks) / (micro-batches x ranks), so after DeepSpeed's averaging over both the gradient is that of the mean
+    over every response token of the step, however they are spread over micro-batches.
+    With ``position_ids`` (packed rows, ``trainable.packing``) the attention mask is not passed: the decoder
+    finds the examples from the position restarts and keeps them apart.
     ``last_confidence`` holds the mean max-probability of the last batch as a 0-d tensor on the model's device
     (training watches it without logits, and reads it only when it reports, so steps need no host sync).
     """
@@ -77,10 +85,14 @@ class CausalLMWithFusedLoss(nn.Module):
         self.loss_impl = loss_impl
         self.last_confidence = torch.tensor(float("nan"))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                position_ids: torch.Tensor | None = None, loss_divisor: torch.Tensor | None = None) -> torch.Tensor:
         decoder = self.model.get_decoder()
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        mask = None if position_ids is not None else attention_mask
+        hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
         targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
-        loss, confidence = self.head(hidden, targets, label_smoothing=self.label_smoothing, loss_impl=self.loss_impl)
+        loss, confidence = self.head(hidden, targets, label_smoothing=self.label_smoothing, loss_impl=self.loss_impl,
+                                     reduction="mean" if loss_divisor is None else "sum")
         self.last_confidence = confidence.detach()
-        return loss
+        return loss if loss_divisor is None else loss / loss_divisor

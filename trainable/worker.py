@@ -7,6 +7,7 @@ training metrics every ``log_every`` steps and, at the end, the per-task calibra
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -24,7 +25,10 @@ from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.config import TrialConfig
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
+from trainable.packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
+from trainable.step_accounting import StepClock, global_mean_loss, step_loss_divisor, warmup_step_count
+from trainable.zero3_scoring import scoring_model
 
 
 class NonFiniteLossError(RuntimeError):
@@ -96,7 +100,11 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     if not examples:
         raise ValueError(f"expected at least one SFT example with response tokens, got 0 "
                          f"(max_examples={trial.sft.max_examples}, max_seq_len={trial.sft.max_seq_len})")
-    per_epoch = steps_per_epoch(len(examples), trial.train.micro_batch_size,
+    pad_to = trial.train.pad_to_multiple or (64 if device.type == "cuda" else 1)
+    pack_width = (packed_width(trial.sft.max_seq_len, trial.train.pack_length, pad_to)
+                  if pack_wanted(trial.train.pack, device) else None)
+    epoch_batches = (packed_row_count(examples, pack_width, trial.seed) if pack_width else len(examples))
+    per_epoch = steps_per_epoch(epoch_batches, trial.train.micro_batch_size,
                                 trial.train.gradient_accumulation_steps, world_size)
     total_steps = trial.train.max_steps or max(1, math.ceil(trial.train.epochs * per_epoch))
     wrapped = CausalLMWithFusedLoss(model, trial.label_smoothing, trial.train.loss_impl)
@@ -104,37 +112,43 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     from trainable.deepspeed_setup import build_engine
 
     engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
-    pad_to = trial.train.pad_to_multiple or (64 if device.type == "cuda" else 1)
+    if pack_width:
+        batches = iterate_packed_batches(examples, trial.train.micro_batch_size, pack_width, tokenizer.pad_token_id,
+                                         trial.seed, rank, world_size)
+    else:
+        batches = iterate_batches(examples, trial.train.micro_batch_size, tokenizer.pad_token_id, trial.seed,
+                                  rank, world_size, pad_to)
+    first_batch = next(batches)
     attention = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
     if trial.train.attention_check:
-        probe = {k: v.to(device) for k, v in collate(examples[: trial.train.micro_batch_size], tokenizer.pad_token_id,
-                                                     pad_to).items()}
+        probe = {k: v.to(device) for k, v in first_batch.items()}
         attention = choose_attention(model, lambda: engine.module(**probe))
         if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
             print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
+    batches = itertools.chain([first_batch], batches)
     load_s = time.time() - started
 
     engine.train()
-    batches = iterate_batches(examples, trial.train.micro_batch_size, tokenizer.pad_token_id, trial.seed,
-                              rank, world_size, pad_to)
-    train_started = time.time()
-    tokens = 0
+    accumulation = trial.train.gradient_accumulation_steps
+    clock = StepClock(world_size, warmup_step_count(total_steps))
     losses: list[float] = []
     val_loss: float | None = None
     with attention.context(), compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
         for step in range(1, total_steps + 1):
-            step_loss = torch.zeros((), device=device)  # summed on the device: one host sync per optimiser step
-            for _ in range(trial.train.gradient_accumulation_steps):
-                batch = next(batches)
-                tokens += int(batch["attention_mask"].sum())
-                loss = engine(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
+            micro_batches = [next(batches) for _ in range(accumulation)]
+            divisor = step_loss_divisor(micro_batches, device, world_size)
+            summed = torch.zeros((), device=device)  # on the device: one host sync per optimiser step
+            for batch in micro_batches:
+                clock.tokens += int(batch["attention_mask"].sum())
+                loss = engine(**{k: v.to(device, non_blocking=True) for k, v in batch.items()}, loss_divisor=divisor)
                 engine.backward(loss)
                 engine.step()
-                step_loss += loss.detach() / trial.train.gradient_accumulation_steps
-            step_loss = step_loss.item()
+                summed += loss.detach()
+            step_loss = global_mean_loss(summed, accumulation, world_size)
             if not math.isfinite(step_loss):
                 raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
                                          f"expected a finite loss (lower the learning rate {trial.learning_rate})")
+            clock.step_done(step)
             losses.append(step_loss)
             confidence = wrapped.last_confidence  # of the last training batch: validation overwrites the attribute
             every = trial.train.val_every
@@ -143,32 +157,35 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                 val_loss = validation_loss(engine, held_out, trial.train.micro_batch_size, tokenizer.pad_token_id,
                                            device, pad_to)
             if validate or step % trial.train.log_every == 0 or step == total_steps:
-                elapsed = time.time() - train_started
                 report({"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
                         "confidence": float(confidence), "lr": engine.get_lr()[0],
-                        "tokens_per_s": tokens * world_size / max(elapsed, 1e-9),
-                        **({"val_loss": val_loss} if validate else {})})
-    train_s = time.time() - train_started
+                        "tokens_per_s": clock.rate(), **({"val_loss": val_loss} if validate else {})})
+    clock.stop()
+    train_s = clock.stopped - clock.started
 
     eval_started = time.time()
     summary: dict[str, dict[str, float]] = {}
     if trial.eval.tasks:
         engine.eval()
-        result = evaluate_model(model, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
-                                limit=trial.eval.limit, batch_size=trial.eval.batch_size,
-                                batch_tokens=trial.eval.batch_tokens, n_bins=trial.eval.n_bins,
-                                heldout=trial.eval.temperature_scaling, progress=rank == 0,
-                                attention=attention.backends, plan_cache=cache_dir() / "plans")
-        summary = result.summary
-        if rank == 0:
-            write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
+        scorer = scoring_model(model, trial.train.zero_stage, device, rank, world_size)
+        if scorer is not None:
+            result = evaluate_model(scorer, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
+                                    limit=trial.eval.limit, batch_size=trial.eval.batch_size,
+                                    batch_tokens=trial.eval.batch_tokens, n_bins=trial.eval.n_bins,
+                                    heldout=trial.eval.temperature_scaling, progress=rank == 0,
+                                    attention=attention.backends, plan_cache=cache_dir() / "plans")
+            summary = result.summary
+            if rank == 0:
+                write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
+            del scorer
     eval_s = time.time() - eval_started
 
     final: dict[str, Any] = {
         "phase": "done", "step": total_steps, "total_steps": total_steps,
         "train_loss": losses[-1], "train_loss_first": losses[0], "train_steps": total_steps,
         "val_loss": val_loss, "train_confidence": float(confidence),
-        "train_tokens": tokens * world_size, "tokens_per_s": tokens * world_size / max(train_s, 1e-9),
+        "train_tokens": clock.tokens * world_size, "tokens_per_s": clock.tokens * world_size / max(train_s, 1e-9),
+        "tokens_per_s_steady": clock.steady_rate(), "wall_warmup_s": clock.warmup_s(),
         "precision": precision, "attention": attention.name, "device": str(device.type), "world_size": world_size,
         **{f"model_{k}": v for k, v in facts.items()},
         "model_source": spec.source, "model_location": spec.location,

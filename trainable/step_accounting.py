@@ -1,0 +1,84 @@
+"""What one optimiser step of a trial counts: its loss normaliser, its mean loss, and the steady token rate.
+
+The loss of a step is the mean over all its response tokens, across micro-batches and ranks:
+    loss_step = sum over micro-batches m, ranks r, response tokens t of l_t / T_step
+DeepSpeed divides each micro-batch's loss by the accumulation steps A and averages gradients over the R ranks,
+so each micro-batch returns sum_t l_t / (T_step / (A R)); T_step is counted from the labels before the forwards
+(one all-reduce of a device scalar, no host sync).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+IGNORE_INDEX = -100
+
+
+def _all_reduce(value: torch.Tensor, world_size: int) -> torch.Tensor:
+    if world_size > 1:
+        dist.all_reduce(value)
+    return value
+
+
+def step_loss_divisor(micro_batches: Sequence[dict[str, torch.Tensor]], device: torch.device,
+                      world_size: int) -> torch.Tensor:
+    """T_step / (A R): response tokens (targets = labels shifted by one) of the step on every rank, over A R."""
+    local = sum(int((batch["labels"][:, 1:] != IGNORE_INDEX).sum()) for batch in micro_batches)
+    total = _all_reduce(torch.tensor(float(local), device=device), world_size)
+    return total.clamp_min(1.0) / (len(micro_batches) * world_size)
+
+
+def global_mean_loss(summed_micro_losses: torch.Tensor, accumulation: int, world_size: int) -> float:
+    """The step's mean loss over all its response tokens, from this rank's sum of micro-batch losses (a host sync)."""
+    return float(_all_reduce(summed_micro_losses.detach().clone(), world_size)) / (accumulation * world_size)
+
+
+def warmup_step_count(total_steps: int) -> int:
+    """Steps counted as warm-up (compilation, allocator growth): 10% of the steps, 1 to 10, leaving one steady."""
+    return max(1, min(10, math.ceil(0.1 * total_steps), total_steps - 1))
+
+
+class StepClock:
+    """Tokens and wall time of the optimiser steps, with the warm-up steps split off for a steady rate.
+
+    ``tokens`` counts this rank's real (non-padding) tokens; rates are per second over all ranks (tokens x ranks).
+    """
+
+    def __init__(self, world_size: int, warmup_steps: int):
+        self.world_size, self.warmup_steps = world_size, warmup_steps
+        self.started = time.time()
+        self.tokens = 0
+        self.warm_at: float | None = None
+        self.warm_tokens = 0
+        self.stopped: float | None = None
+
+    def step_done(self, step: int) -> None:
+        """Call after step ``step`` (1-based) has synchronised with the device."""
+        if step == self.warmup_steps:
+            self.warm_at, self.warm_tokens = time.time(), self.tokens
+
+    def stop(self) -> None:
+        self.stopped = time.time()
+
+    def _now(self) -> float:
+        return self.stopped or time.time()
+
+    def warmup_s(self) -> float:
+        """Wall time of the warm-up steps (all steps so far while still warming up)."""
+        return (self.warm_at or self._now()) - self.started
+
+    def steady_rate(self) -> float | None:
+        """tokens/s after the warm-up steps, or None before any steady step."""
+        if self.warm_at is None or self.tokens == self.warm_tokens:
+            return None
+        return (self.tokens - self.warm_tokens) * self.world_size / max(self._now() - self.warm_at, 1e-9)
+
+    def rate(self) -> float:
+        """The steady rate once there is one, else the rate over every step so far."""
+        steady = self.steady_rate()
+        return steady if steady is not None else self.tokens * self.world_size / max(self._now() - self.started, 1e-9)
