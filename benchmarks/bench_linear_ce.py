@@ -1,20 +1,40 @@
 """Benchmark linear + (label-smoothed) cross-entropy implementations on one GPU: time and peak extra memory.
 
-Methods: torch eager (F.cross_entropy on materialised logits upcast to float32, as Hugging Face does),
-torch.compile of the same, Liger's FusedLinearCrossEntropy, Cut Cross-Entropy (beta = 0 only: no smoothing
-support) and ours (kernels.linear_cross_entropy). Inputs (bf16, no ignored tokens):
-- random: E ~ N(0, 1), C ~ N(0, 1 / D): logits ~ N(0, 1), a flat softmax (the gradient filter skips nothing).
-- peaked: CCE's trick, as kernels.testing.make_case: rows of E scaled to norm sqrt(D), distinct targets, the
-  target row of C = 30 E_i / D (target logit 30), other rows ~ N(0, 0.81 / D).
+Methods: ours (kernels.linear_cross_entropy) with filter="exact" (the default) and filter="loose", torch eager
+(F.cross_entropy on materialised logits upcast to float32, as Hugging Face does), torch.compile of the same,
+Liger's FusedLinearCrossEntropy and Cut Cross-Entropy (beta = 0 only: no smoothing support; its default
+gradient filter, 2^-12). Each at beta 0 and 0.1, on inputs (bf16, no ignored tokens):
+- random (at --n/--vocab/--dim, the paper's shape by default): E ~ N(0, 1), C ~ N(0, 1 / D): logits ~ N(0, 1),
+  a flat softmax (the gradient filter skips nothing).
+- peaked (synthetic): CCE's trick, as kernels.testing.make_case: rows of E scaled to norm sqrt(D), distinct
+  targets, the target row of C = 30 E_i / D (target logit 30), other rows ~ N(0, 0.81 / D).
+- real: a model's final hidden states on Alpaca text (prompt + response, next-token targets) and its LM head,
+  one input per --real folder, written on a CPU by benchmarks/lce_real_inputs.py (Gemma-3-270M: N = 8192,
+  V = 262144, D = 640; SmolLM2-135M: V = 49152, D = 576). Each folder holds the hidden states and targets
+  (inputs.pt) and the head as its GGUF tensor's bytes in parts under 60 MB (head.NN); they are de-quantised
+  here (the gguf package), bit for bit the head transformers loads.
 Times are the median of --iters runs after --warmup runs (CUDA events); "fwd" runs the forward with inputs
 that require grad (as in training), "fwd+bwd" forward and backward. Memory is the peak allocated during the
-step minus what was allocated before it (inputs), so fwd+bwd includes the two gradients (1161 MiB here).
+step minus what was allocated before it (inputs), so fwd+bwd includes the two gradients. For our rows,
+"active" is the share of (128-row x 256-entry) logit tiles the backward computes (the rest are filtered),
+and for "loose" rows "rel. diff" is max(|dE_loose - dE_exact|) / max|dE_exact| (and the same for dC).
 
 Usage (repo root, GPU machine):
-    python benchmarks/bench_linear_ce.py --out results/bench_linear_ce.json
+    python benchmarks/bench_linear_ce.py --out results/bench_linear_ce.json      # random and peaked
+    python benchmarks/bench_linear_ce.py --inputs random real --real .gpu_lce/gemma3-270m .gpu_lce/smollm2-135m
     python benchmarks/bench_linear_ce.py --tiles          # our kernel under a few tile configurations
     python benchmarks/bench_linear_ce.py --profile        # CUDA time per kernel of our forward + backward
     python benchmarks/bench_linear_ce.py --n 256 --vocab 1024 --dim 64 --device cpu --iters 2   # harness dry run
+
+Real inputs on the GPU machine (its image lacks gguf, Liger and CCE; the carry limit is 64 MiB a call). Build
+on a CPU: `lce_real_inputs.py --family gemma3-270m` and `--family smollm2-135m` (writes .gpu_lce/, git-ignored),
+and the three wheels: `pip download --no-deps -d .gpu_whl liger-kernel==0.8.5 cut-cross-entropy==25.1.1
+gguf==0.19.0`. Gemma's head is 178 MB (Q8_0): three staging calls, back to back on the warm machine, each
+carrying one part and running `mkdir -p ~/lce && cp -r .gpu_lce/. ~/lce/`, then the run, carrying
+.gpu_lce/gemma3-270m/inputs.pt, .gpu_lce/smollm2-135m and .gpu_whl:
+    cp -r .gpu_lce/. ~/lce/ && python3 -m pip install -q --no-deps --target /tmp/site .gpu_whl/*.whl &&
+    PYTHONPATH=/tmp/site python3 benchmarks/bench_linear_ce.py --inputs random real
+    --real ~/lce/gemma3-270m ~/lce/smollm2-135m --out $OUT/bench_linear_ce.json
 """
 
 from __future__ import annotations
@@ -35,6 +55,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import backward, forward, linear_cross_entropy  # noqa: E402
+from kernels.api import FILTERS  # noqa: E402
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 MIB = 1 << 20
@@ -63,7 +84,10 @@ def _eager(beta: float) -> Loss:
 
 def methods(beta: float, device: str) -> dict[str, Loss]:
     """Name -> loss function of (hidden, weight, targets); libraries that are missing are left out."""
-    out: dict[str, Loss] = {"ours": lambda h, w, y: linear_cross_entropy(h, w, y, label_smoothing=beta)}
+    out: dict[str, Loss] = {
+        f"ours {f}": lambda h, w, y, f=f: linear_cross_entropy(h, w, y, label_smoothing=beta, filter=f)
+        for f in FILTERS
+    }
     if device == "cuda":
         if beta == 0.0:
             try:
@@ -141,47 +165,102 @@ def measure(loss_fn: Loss, inputs: tuple[torch.Tensor, ...], device: str, warmup
     return row
 
 
+def active_share(inputs: tuple[torch.Tensor, ...], beta: float, filter: str) -> float:
+    """Share of logit tiles our backward computes (the rest filtered), with the gradient of the mean loss."""
+    hidden, weight, targets = inputs
+    _, lse, _, _, (*_, tile_max) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
+    g = torch.full_like(lse, 1.0 / targets.numel())
+    return backward.active_tiles(tile_max, lse, g, weight.shape[0], filter).float().mean().item()
+
+
+def loose_vs_exact(inputs: tuple[torch.Tensor, ...], beta: float) -> dict[str, float]:
+    """max|grad_loose - grad_exact| / max|grad_exact| for dE and dC."""
+    grads = {}
+    for f in FILTERS:
+        hidden, weight = (t.detach().clone().requires_grad_(True) for t in inputs[:2])
+        linear_cross_entropy(hidden, weight, inputs[2], label_smoothing=beta, filter=f).backward()
+        grads[f] = (hidden.grad.float(), weight.grad.float())
+    return {
+        f"rel. diff {name}": ((loose - exact).abs().max() / exact.abs().max()).item()
+        for name, loose, exact in zip(("dE", "dC"), grads["loose"], grads["exact"])
+    }
+
+
 def environment(device: str) -> dict:
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    import importlib.metadata
+
     import triton
 
+    versions = {}
+    for package in ("liger-kernel", "cut-cross-entropy"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
     return {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "triton": triton.__version__,
+        **versions,
         "git": rev,
         "forward_tiles": dataclasses.asdict(forward.TILES),
         "backward_tiles": dataclasses.asdict(backward.TILES),
+        "filter_mass": {"exact": backward.FILTER_MASS, "loose": backward.LOOSE_MASS},
     }
+
+
+COLUMNS = ["method", "input", "beta", "fwd ms", "fwd+bwd ms", "fwd MiB", "fwd+bwd MiB", "active", "rel. diff dE",
+           "rel. diff dC"]
 
 
 def print_table(rows: list[dict]) -> None:
     def fmt(v: object) -> str:
-        return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
+        return "-" if v is None else f"{v:.3g}" if isinstance(v, float) and abs(v) < 1 else (
+            f"{v:.1f}" if isinstance(v, float) else str(v))
 
-    cols = ["method", "input", "beta", "fwd ms", "fwd+bwd ms", "fwd MiB", "fwd+bwd MiB"]
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
     for r in rows:
-        print("| " + " | ".join(fmt(r.get(c, r.get("error"))) for c in cols) + " |")
+        print("| " + " | ".join(fmt(r.get(c, r.get("error"))) for c in COLUMNS) + " |")
+
+
+def make_all_inputs(args: argparse.Namespace) -> list[tuple[str, dict, tuple[torch.Tensor, ...]]]:
+    """(label, shape, (hidden, weight, targets)) for each input of --inputs."""
+    out = []
+    for kind in args.inputs:
+        if kind == "real":
+            from benchmarks.lce_real_inputs import load
+
+            for folder in args.real:
+                hidden, weight, targets, facts = load(folder, args.device)
+                shape = {"n": hidden.shape[0], "vocab": weight.shape[0], "dim": hidden.shape[1], "facts": facts}
+                out.append((f"real {facts['family']}", shape, (hidden, weight, targets)))
+        else:
+            shape = {"n": args.n, "vocab": args.vocab, "dim": args.dim}
+            out.append((kind, shape, make_inputs(kind, args.n, args.vocab, args.dim, args.device)))
+    return out
 
 
 def run_all(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
-    for kind in ("random", "peaked"):
-        inputs = make_inputs(kind, args.n, args.vocab, args.dim, args.device)
+    for label, shape, inputs in make_all_inputs(args):
         for beta in (0.0, 0.1):
             for name, fn in methods(beta, args.device).items():
                 if args.only and name not in args.only:
                     continue
-                row = {"method": name, "input": kind, "beta": beta}
+                row = {"method": name, "input": label, "beta": beta, **shape}
                 try:
                     row.update(measure(fn, inputs, args.device, args.warmup, args.iters))
+                    if name.startswith("ours") and args.device == "cuda":
+                        row["active"] = active_share(inputs, beta, name.split()[1])
+                    if name == "ours loose":
+                        row.update(loose_vs_exact(inputs, beta))
                 except Exception as e:  # noqa: BLE001 - an OOM or a library failure is a result too
                     row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 rows.append(row)
-                print(json.dumps(row), flush=True)
+                print(json.dumps({k: v for k, v in row.items() if k != "facts"}), flush=True)
                 if args.device == "cuda":
                     torch.cuda.empty_cache()
                 write(args.out, rows, args)
@@ -203,7 +282,7 @@ def run_tiles(args: argparse.Namespace) -> list[dict]:
         forward.TILES, backward.TILES = ft, bt
         row = {"forward_tiles": dataclasses.asdict(ft), "backward_tiles": dataclasses.asdict(bt)}
         try:
-            row.update(measure(methods(0.1, args.device)["ours"], inputs, args.device, args.warmup, args.iters))
+            row.update(measure(methods(0.1, args.device)["ours exact"], inputs, args.device, args.warmup, args.iters))
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
@@ -218,7 +297,7 @@ def run_profile(args: argparse.Namespace) -> None:
     hidden, weight, targets = (t.detach() for t in inputs)
     hidden.requires_grad_(True)
     weight.requires_grad_(True)
-    step = methods(0.1, args.device)["ours"]
+    step = methods(0.1, args.device)["ours exact"]
     for _ in range(args.warmup):
         step(hidden, weight, targets).backward()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -238,9 +317,8 @@ def run_profile(args: argparse.Namespace) -> None:
 def write(path: str | None, rows: list[dict], args: argparse.Namespace) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        shape = {"n": args.n, "vocab": args.vocab, "dim": args.dim, "dtype": "bfloat16"}
-        timing = {"warmup": args.warmup, "iters": args.iters, "statistic": "median"}
-        Path(path).write_text(json.dumps({**environment(args.device), **shape, **timing, "rows": rows}, indent=1))
+        timing = {"warmup": args.warmup, "iters": args.iters, "statistic": "median", "dtype": "bfloat16"}
+        Path(path).write_text(json.dumps({**environment(args.device), **timing, "rows": rows}, indent=1))
 
 
 def main() -> None:
@@ -252,6 +330,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--only", nargs="*", help="method names to run (default: all)")
+    p.add_argument("--inputs", nargs="+", default=["random", "peaked"], choices=["random", "peaked", "real"])
+    p.add_argument("--real", nargs="*", default=[".gpu_lce/gemma3-270m", ".gpu_lce/smollm2-135m"],
+                   help="folders written by benchmarks/lce_real_inputs.py (with --inputs real)")
     p.add_argument("--tiles", action="store_true", help="compare tile configurations of our kernel instead")
     p.add_argument("--profile", action="store_true", help="CUDA time per kernel of our forward + backward instead")
     p.add_argument("--out", help="JSON file to write (rewritten after every row)")

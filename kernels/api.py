@@ -16,6 +16,7 @@ from kernels import reference
 from kernels.function import Backend, LinearCrossEntropyFunction
 
 _REDUCTIONS = ("mean", "sum", "none")
+FILTERS = ("exact", "loose")  # gradient filtering of the Triton backward (kernels/backward.py)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 TORCH_BACKEND: Backend = SimpleNamespace(forward=reference.chunked_forward, backward=reference.chunked_backward)
@@ -45,7 +46,7 @@ def select_backend(hidden: torch.Tensor) -> Backend:
 
 def _validate(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, label_smoothing: float,
-    ignore_index: int, reduction: str, softcap: float | None,
+    ignore_index: int, reduction: str, softcap: float | None, filter: str,
 ) -> None:
     for name, t in (("hidden", hidden), ("weight", weight), ("targets", targets)):
         if not isinstance(t, torch.Tensor):
@@ -75,6 +76,8 @@ def _validate(
         raise ValueError(f"expected reduction in {_REDUCTIONS}, got {reduction!r}")
     if softcap is not None and not softcap > 0.0:
         raise ValueError(f"expected softcap None or > 0, got {softcap}")
+    if filter not in FILTERS:
+        raise ValueError(f"expected filter in {FILTERS}, got {filter!r}")
     vocab = weight.shape[0]
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
     if bool(bad.any()):
@@ -94,6 +97,7 @@ def linear_cross_entropy(
     reduction: str = "mean",
     softcap: float | None = None,
     return_stats: bool = False,
+    filter: str = "exact",
 ) -> torch.Tensor | tuple[torch.Tensor, LCEStats]:
     """F.cross_entropy(hidden @ weight.T, targets, label_smoothing=..., ...) without the (N, V) logits.
 
@@ -101,15 +105,19 @@ def linear_cross_entropy(
     reduction "mean" averages over non-ignored tokens; when every token is ignored it returns 0 (torch returns
     nan) with zero gradients. The loss is float32 (float64 for float64 inputs) whatever the input dtype.
     With return_stats=True also returns LCEStats (detached).
+    filter picks the backward's gradient filter (Triton path; the CPU path is dense, so exact for both):
+    "exact" drops at most 2^-10 of probability mass per token, every dropped probability below 2^-10 / V;
+    "loose" drops at most 2^-? per token, spent on the least likely vocabulary tiles first (faster on real
+    hidden states). The loss and the target and label-smoothing parts of the gradient are never filtered.
     """
-    _validate(hidden, weight, targets, label_smoothing, ignore_index, reduction, softcap)
+    _validate(hidden, weight, targets, label_smoothing, ignore_index, reduction, softcap, filter)
     lead_shape = targets.shape
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1)
     backend = select_backend(flat_hidden)
     loss, lse, target_prob, max_prob = LinearCrossEntropyFunction.apply(
         flat_hidden, weight, flat_targets, backend, float(label_smoothing), int(ignore_index),
-        None if softcap is None else float(softcap),
+        None if softcap is None else float(softcap), filter,
     )
     if reduction == "sum":
         out = loss.sum()

@@ -2,13 +2,24 @@
 
 With g_i the upstream gradient, dloss_i/dz_iv = p_iv - (1 - beta)[v = y_i] - beta / V, split into
 1. softmax part g_i p_iv (v != y_i): recomputed per (row block, vocabulary tile) into a chunk of dZ, then
-   dC += dZ^T E and dE += dZ C. A tile is skipped when its largest non-target probability, bounded by
-   exp(tile max from the forward - min LSE of its rows), is below FILTER_MASS / V, so the probability mass
-   dropped per token is at most FILTER_MASS: |change of dE_i| <= FILTER_MASS g_i max|C|.
+   dC += dZ^T E and dE += dZ C. Gradient filtering skips tiles whose probabilities are negligible. For tile t
+   of a row block, P_t = exp(tile max from the forward - min LSE of the block's rows) bounds every non-target
+   probability of the tile, for every row of the block; w_t P_t (w_t its width) bounds the tile's mass.
+   - filter="exact" skips tiles with P_t < FILTER_MASS / V: every dropped probability is below that, so
+     the mass dropped per token is at most FILTER_MASS = 2^-10 and |change of dC_v| <= FILTER_MASS / V
+     sum_i g_i max|E|.
+   - filter="loose" skips, per row block, the tiles of smallest w_t P_t while their sum stays <= LOOSE_MASS:
+     the mass dropped per token is at most LOOSE_MASS, so |change of dE_i| <= LOOSE_MASS g_i max|C| and
+     sum_v |change of dC_v| <= LOOSE_MASS sum_i g_i max|E|. It skips every tile "exact" skips (their
+     bounds sum to at most FILTER_MASS <= LOOSE_MASS) and, on real hidden states, many more. Like Cut
+     Cross-Entropy's filter (every |dz| < 2^-12), it may zero the whole softmax gradient of a rare token's
+     row of C; unlike it, the dropped mass per token is bounded.
+   In both, |change of dE_i| <= (dropped mass) g_i max|C|.
 2. target column a_i = g_i (p_iy - (1 - beta)): dE_i += a_i C_{y_i}; dC_{y_i} += sum_{j: y_j = y_i} a_j E_j.
 3. uniform part -beta g_i / V (rank one): dE_i -= beta g_i mean_v C_v; dC_v -= (beta / V) sum_i g_i E_i.
 With softcap, every part is multiplied by dz/du = 1 - (z / s)^2; the uniform part is then no longer rank one,
-so with softcap and beta > 0 it is added inside every tile and nothing is filtered (exact).
+so with softcap and beta > 0 it is added inside every tile and nothing is filtered (either filter). Parts 2 and 3
+(the target column and the label-smoothing term) are never filtered.
 
 Memory beyond the gradients: one (chunk_rows x chunk_vocab) dZ chunk in the input dtype (8M elements: 4096 x
 2048, 16 MiB in bf16) and the dE accumulator's low half: dE is accumulated over the vocabulary chunks as a bf16
@@ -30,7 +41,8 @@ from kernels import forward
 from kernels._tl_utils import dot_acc, dot_flags, logits_tile, softcap_fn
 
 # Probability mass per token that gradient filtering may drop (see module docstring); 0 disables filtering.
-FILTER_MASS = 2.0**-10
+FILTER_MASS = 2.0**-10  # filter="exact"
+LOOSE_MASS = 2.0**-8  # filter="loose"
 
 
 @dataclass(frozen=True)
@@ -277,16 +289,23 @@ def weighted_colsum(x: torch.Tensor, w: torch.Tensor | None = None) -> torch.Ten
     return out
 
 
-def active_tiles(tile_max: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(row blocks, vocabulary tiles) bool: False where every non-target probability of the tile's rows with
-    g != 0 is below FILTER_MASS / V, bounded by exp(tile max - smallest LSE of the block)."""
-    if FILTER_MASS <= 0.0:
+def active_tiles(tile_max: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, vocab: int, filter: str) -> torch.Tensor:
+    """(row blocks, vocabulary tiles) bool: the tiles the filter keeps (module docstring). Rows with g = 0 do
+    not count; the bound P_t of a tile is exp(tile max - smallest LSE of the block)."""
+    mass = FILTER_MASS if filter == "exact" else LOOSE_MASS
+    if mass <= 0.0:
         return torch.ones_like(tile_max, dtype=torch.bool)
-    block_n = forward.TILES.block_n
+    block_n, block_v = forward.TILES.block_n, forward.TILES.block_v
     key = torch.where(g != 0, lse, float("inf"))
     key = torch.nn.functional.pad(key, (0, tile_max.shape[0] * block_n - key.numel()), value=float("inf"))
-    min_lse = key.view(-1, block_n).amin(dim=1)
-    return tile_max - min_lse[:, None] >= math.log(FILTER_MASS / vocab)
+    log_p = tile_max - key.view(-1, block_n).amin(dim=1)[:, None]
+    if filter == "exact":
+        return log_p >= math.log(mass / vocab)
+    starts = torch.arange(tile_max.shape[1], device=tile_max.device) * block_v
+    tile_mass = (vocab - starts).clamp(max=block_v) * log_p.double().exp()  # float64: the sum must not round down
+    order = tile_mass.argsort(dim=1)
+    keep_sorted = tile_mass.gather(1, order).cumsum(dim=1) > mass
+    return torch.empty_like(keep_sorted).scatter_(1, order, keep_sorted)
 
 
 def _target_segments(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -301,10 +320,10 @@ def _target_segments(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
 
 def triton_backward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, saved: tuple[torch.Tensor, ...],
-    grad_loss: torch.Tensor, label_smoothing: float, ignore_index: int, softcap: float | None,
+    grad_loss: torch.Tensor, label_smoothing: float, ignore_index: int, softcap: float | None, filter: str,
     need_hidden_grad: bool, need_weight_grad: bool,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(dE, dC) of sum_i g_i loss_i; see the module docstring for the decomposition and the filter."""
+    """(dE, dC) of sum_i g_i loss_i; see the module docstring for the decomposition and the filters."""
     lse, z_y, rest_prob, tile_max = saved
     n, d = hidden.shape
     vocab = weight.shape[0]
@@ -334,7 +353,7 @@ def triton_backward(
     elif need_weight_grad:
         d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     if n > 0:
-        _softmax_part(hidden, weight, y, lse, g, gscale, tile_max, d_weight, d_hidden, acc_lo, beta, softcap)
+        _softmax_part(hidden, weight, y, lse, g, gscale, tile_max, d_weight, d_hidden, acc_lo, beta, softcap, filter)
     if d_hidden is not None:
         cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
         out = d_hidden
@@ -359,7 +378,7 @@ def triton_backward(
 def _softmax_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
     gscale: torch.Tensor, tile_max: torch.Tensor, d_weight: torch.Tensor | None, acc: torch.Tensor | None,
-    acc_lo: torch.Tensor | None, beta: float, softcap: float | None,
+    acc_lo: torch.Tensor | None, beta: float, softcap: float | None, filter: str,
 ) -> None:
     """dC += (softmax part)^T E and acc += (softmax part) C, chunk by chunk of rows and vocabulary. Chunks
     without an active tile are skipped; fully active ones run the unmasked kernels, and cuBLAS for dC."""
@@ -367,7 +386,10 @@ def _softmax_part(
     vocab = weight.shape[0]
     ft, bt = forward.TILES, TILES
     dense_uniform = softcap is not None and beta > 0.0
-    active = torch.ones_like(tile_max, dtype=torch.bool) if dense_uniform else active_tiles(tile_max, lse, g, vocab)
+    if dense_uniform:
+        active = torch.ones_like(tile_max, dtype=torch.bool)
+    else:
+        active = active_tiles(tile_max, lse, g, vocab, filter)
     active_cpu = active.cpu().numpy()
     active_i8 = active.to(torch.int8)
     row_blocks, num_vtiles = tile_max.shape

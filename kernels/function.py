@@ -2,7 +2,8 @@
 
 A backend supplies `forward(E, C, y, beta, ignore_index, softcap) -> (loss, lse, p_target, p_max, saved)`
 (per token, float32; `saved`: small tensors, O(N) plus one float per logits tile) and
-`backward(E, C, y, saved, g, beta, ignore_index, softcap, need_dE, need_dC) -> (dE, dC)`.
+`backward(E, C, y, saved, g, beta, ignore_index, softcap, filter, need_dE, need_dC) -> (dE, dC)` (filter:
+"exact" or "loose", see kernels/backward.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class Backend(Protocol):
 
     def backward(
         self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, saved: tuple[torch.Tensor, ...],
-        grad_loss: torch.Tensor, label_smoothing: float, ignore_index: int, softcap: float | None,
+        grad_loss: torch.Tensor, label_smoothing: float, ignore_index: int, softcap: float | None, filter: str,
         need_hidden_grad: bool, need_weight_grad: bool,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]: ...
 
@@ -38,13 +39,14 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         label_smoothing: float,
         ignore_index: int,
         softcap: float | None,
+        filter: str = "exact",
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         loss, lse, target_prob, max_prob, saved = backend.forward(
             hidden, weight, targets, label_smoothing, ignore_index, softcap
         )
         ctx.save_for_backward(hidden, weight, targets, *saved)
-        ctx.backend, ctx.label_smoothing, ctx.ignore_index, ctx.softcap = (
-            backend, label_smoothing, ignore_index, softcap,
+        ctx.backend, ctx.label_smoothing, ctx.ignore_index, ctx.softcap, ctx.filter = (
+            backend, label_smoothing, ignore_index, softcap, filter,
         )
         ctx.mark_non_differentiable(lse, target_prob, max_prob)
         return loss, lse, target_prob, max_prob
@@ -54,6 +56,6 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         hidden, weight, targets, *saved = ctx.saved_tensors
         d_hidden, d_weight = ctx.backend.backward(
             hidden, weight, targets, tuple(saved), grad_loss.contiguous(), ctx.label_smoothing, ctx.ignore_index,
-            ctx.softcap, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+            ctx.softcap, ctx.filter, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
         )
-        return d_hidden, d_weight, None, None, None, None, None
+        return d_hidden, d_weight, None, None, None, None, None, None

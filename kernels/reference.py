@@ -81,10 +81,12 @@ def chunked_backward(
     label_smoothing: float,
     ignore_index: int,
     softcap: float | None,
+    filter: str,
     need_hidden_grad: bool,
     need_weight_grad: bool,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Gradients (dE, dC) of sum_i g_i loss_i, recomputing each chunk's logits; dense, no filtering."""
+    """Gradients (dE, dC) of sum_i g_i loss_i, recomputing each chunk's logits; dense, so exact whatever
+    `filter` asks (a chunk of logits costs the same with or without skipped tiles)."""
     n, vocab = hidden.shape[0], weight.shape[0]
     (lse,) = saved
     cdt = _compute_dtype(hidden.dtype)

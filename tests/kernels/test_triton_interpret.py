@@ -28,7 +28,9 @@ from triton.runtime import interpreter  # noqa: E402
 from kernels import linear_cross_entropy  # noqa: E402
 from kernels import backward, forward  # noqa: E402
 from kernels.api import select_backend  # noqa: E402
-from kernels.testing import assert_accurate, loss_and_grads, make_case, truth_and_torch  # noqa: E402
+from kernels.testing import (  # noqa: E402
+    assert_accurate, filtered_truth, loose_slack, loss_and_grads, make_case, truth_and_torch,
+)
 from kernels.triton_backend import BACKEND  # noqa: E402
 
 # The kernels are defined now: restore the variable, so that other tests' CPU calls keep the PyTorch path
@@ -112,7 +114,7 @@ def test_filtering_skips_blocks_and_stays_within_bound(beta: float, monkeypatch:
     hidden, weight, targets = _peaked_mixed(dtype)
     _, lse, _, _, (*_, tile_max) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
     g = (targets != -100).float() / (targets != -100).sum()
-    active = backward.active_tiles(tile_max, lse, g, V)
+    active = backward.active_tiles(tile_max, lse, g, V, "exact")
     assert not active[0].any() and active[1].all()
     assert 0.0 < active.float().mean().item() < 0.5  # most blocks skipped, the flat block kept
 
@@ -128,6 +130,65 @@ def test_filtering_skips_blocks_and_stays_within_bound(beta: float, monkeypatch:
     assert ((filtered[1] - dense[1]).abs() <= bound_de).all()
     assert ((filtered[2] - dense[2]).abs() <= bound_dc).all()
     assert_accurate(filtered, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+
+
+def test_loose_rule_drops_at_most_its_mass_and_skips_what_exact_skips() -> None:
+    """On random tile maxima (last tile partial): per row block the skipped tiles' bounds w_t P_t sum to at most
+    LOOSE_MASS, the next tile would exceed it, and every tile "exact" skips is skipped."""
+    g = torch.Generator().manual_seed(17)
+    vocab, tiles = 40 * 256 - 100, 40
+    lse = torch.rand(3 * 128, generator=g) * 4.0 + 20.0
+    tile_max = lse.view(3, 128).amin(dim=1)[:, None] - 4.0 - 14.0 * torch.rand(3, tiles, generator=g)
+    grad = torch.ones_like(lse)
+    loose = backward.active_tiles(tile_max, lse, grad, vocab, "loose")
+    exact = backward.active_tiles(tile_max, lse, grad, vocab, "exact")
+    assert (loose <= exact).all() and loose.sum() < exact.sum()
+    width = (vocab - torch.arange(tiles) * 256).clamp(max=256).double()
+    bound = width * (tile_max.double() - lse.view(3, 128).amin(dim=1).double()[:, None]).exp()
+    assert (torch.where(loose, 0.0, bound).sum(dim=1) <= backward.LOOSE_MASS).all()
+    smallest_kept = torch.where(loose, bound, float("inf")).amin(dim=1)
+    assert (torch.where(loose, 0.0, bound).sum(dim=1) + smallest_kept > backward.LOOSE_MASS).all()
+
+
+def _loose_case(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """_peaked_mixed, with row block 2 between the filters: its probabilities are above exact's 2^-10 / V, but
+    its whole non-target mass is below loose's budget, so only filter="loose" skips it."""
+    hidden, weight, targets = _peaked_mixed(dtype)
+    hidden[256:] *= 0.53
+    return hidden, weight, targets
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_loose_filter(beta: float) -> None:
+    """The kernel computes exactly the gradient with the skipped tiles' softmax part removed (the target and
+    label-smoothing parts kept), the rule drops at most LOOSE_MASS per token, and the result meets the loose
+    tolerance against the unfiltered float64 truth."""
+    dtype = torch.bfloat16
+    hidden, weight, targets = _loose_case(dtype)
+    _, lse, _, _, (*_, tile_max) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
+    g = (targets != -100).float() / (targets != -100).sum()
+    exact = backward.active_tiles(tile_max, lse, g, V, "exact")
+    loose = backward.active_tiles(tile_max, lse, g, V, "loose")
+    assert (loose <= exact).all() and exact[2].any() and not loose[2].any() and loose[1].all()
+
+    kw = dict(label_smoothing=beta)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="loose", **kw)
+    *filtered, dropped = filtered_truth(hidden, weight, targets, loose, forward.TILES.block_n,
+                                        forward.TILES.block_v, beta)
+    assert dropped.max().item() <= backward.LOOSE_MASS
+    truth, own = truth_and_torch(hidden, weight, targets, **kw)
+    own_error_about_filtered = tuple(f + (o - t) for f, o, t in zip(filtered, own, truth))  # torch's own error
+    assert_accurate(ours, tuple(filtered), own_error_about_filtered, dtype)
+    assert_accurate(ours, truth, own, dtype, slack=loose_slack(hidden, weight, targets, backward.LOOSE_MASS))
+
+
+def test_loose_filter_keeps_the_dense_softcap_path() -> None:
+    """With softcap and beta > 0 the uniform part lives inside every tile: "loose" filters nothing either."""
+    hidden, weight, targets = make_case(64, 300, 40, torch.float32, seed=3)
+    kw = dict(label_smoothing=0.1, softcap=4.0)
+    loose = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="loose", **kw)
+    exact = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(loose, exact))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
