@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", metavar="RUN", default=None,
                         help="continue the interrupted sweep RUN from <results-dir>/runs/RUN/sweep.yaml: finished "
                              "trials are not re-run, unfinished and errored ones are")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show the workers' and Ray's own output (progress bars, Ray Train's reports); "
+                             "default: one line per trial event and the summary table")
     parser.add_argument("--rerun-changed", action="store_true",
                         help="re-run trials whose stored ok row comes from another config (otherwise an error)")
     parser.add_argument("--dry-run", action="store_true",
@@ -124,9 +127,12 @@ def _trial_name(sweep: SweepConfig):
 
 
 def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: bool = False,
-              rerun_changed: bool = False) -> int:
+              rerun_changed: bool = False, verbose: bool = False) -> int:
     """Start or join Ray, run the sweep through Tune (restoring it with ``resume``; re-running trials stored from
-    another config with ``rerun_changed``), print the summary; return the number of trials not finished ok."""
+    another config with ``rerun_changed``), print the summary; return the number of trials not finished ok.
+
+    The console holds one line per trial event (``TrialProgress``) and the summary; ``verbose`` adds the workers'
+    and Ray's own output (progress bars, Ray Train's reports and logs)."""
     import ray
     from ray import tune
 
@@ -135,10 +141,13 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     from sweeps.progress import StoreRecorder, TrialProgress
     from sweeps.provenance import git_revision, package_versions
 
+    if not verbose:  # Tune's legacy console at verbose=0 prints nothing; its newer one still draws a table
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    quiet = {"log_to_driver": verbose, "logging_level": "warning" if verbose else "error"}
     if address:
-        ray.init(address=address)
+        ray.init(address=address, **quiet)
     else:
-        ray.init(include_dashboard=True if dashboard else None, configure_logging=True, logging_level="warning")
+        ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
     if dashboard or address:
         print(f"Ray dashboard: {ray.get_runtime_context().get_dashboard_url() or '(not running)'}", flush=True)
     if sweep.search.method == "optuna":  # progress reports carry no objective until the trial's final report
@@ -166,7 +175,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
                 search_alg=search.search_algorithm(sweep), scheduler=search.scheduler(sweep),
                 trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep)),
             run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
-                                      callbacks=[TrialProgress(n_trials), StoreRecorder(sweep)]),
+                                      callbacks=[TrialProgress(sweep, n_trials), StoreRecorder(sweep)]),
         )
     tuner.fit()
     print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             print(sweep.trial(point).trial_id)
         return 0
     failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume),
-                       rerun_changed=args.rerun_changed)
+                       rerun_changed=args.rerun_changed, verbose=args.verbose)
     return 1 if failed else 0
 
 

@@ -1,4 +1,4 @@
-"""Per-trial progress lines for the terminal, from Ray Tune's callback hooks."""
+"""The sweep's console: one line per trial event, from Ray Tune's callback hooks; and the store's safety net."""
 
 from __future__ import annotations
 
@@ -8,43 +8,110 @@ from typing import Any
 
 from ray.tune import Callback
 
+TASKS = ("mmlu", "arc_easy", "hellaswag")
+
+
+def sweep_eta(elapsed: dict[str, float], fractions: dict[str, float | None], durations: list[float],
+              pending: int, concurrency: int) -> float | None:
+    """Seconds until the sweep ends: each running trial's remainder plus the pending trials, ``concurrency`` at a
+    time. A trial's expected duration is the mean of finished ones, else the running ones' projection from their
+    fraction of training done (``elapsed`` / ``fractions``: per running trial); None while nothing says."""
+    projected = [elapsed[t] / f for t, f in fractions.items() if f]
+    typical = sum(durations) / len(durations) if durations else (sum(projected) / len(projected) if projected
+                                                                  else None)
+    if typical is None:
+        return None
+    remaining = sum(max(0.0, (elapsed[t] / f if f and not durations else typical) - elapsed[t])
+                    for t, f in fractions.items())
+    return (remaining + pending * typical) / max(1, concurrency)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def trial_error(trial: Any) -> str:
+    """The last non-empty line of a failed Tune trial's error file (the error itself), or a generic line."""
+    if getattr(trial, "error_file", None) and os.path.exists(trial.error_file):
+        with open(trial.error_file) as handle:
+            lines = [line.strip() for line in handle.read().splitlines() if line.strip()]
+        if lines:
+            return lines[-1][:2000]
+    return "the trial's process ended without recording a result"
+
 
 class TrialProgress(Callback):
-    """Prints one line when a trial starts, every ~30 s of training, and when it ends (with its metrics)."""
+    """One line per trial event: start, training progress (as the workers report it, every ``train.log_every``
+    steps, at most one line per trial every ``every_s``) with tokens/s and the sweep's ETA, done with its metrics,
+    skipped (already stored ok), failed with its one-line error. Lines start with ``[calsweep finished/total]``."""
 
-    def __init__(self, total: int, every_s: float = 30.0):
-        self.total = total
-        self.every_s = every_s
+    def __init__(self, sweep: Any, total: int, every_s: float = 30.0):
+        self.sweep, self.total, self.every_s = sweep, total, every_s
+        self.concurrency = sweep.resources.max_concurrent_trials or 1
         self.finished = 0
         self.started: dict[str, float] = {}
+        self.fraction: dict[str, float | None] = {}
         self.last_print: dict[str, float] = {}
+        self.durations: list[float] = []
 
     def _say(self, text: str) -> None:
         print(f"[calsweep {self.finished}/{self.total}] {text}", flush=True)
 
+    def _eta(self, now: float) -> str:
+        elapsed = {t: now - self.started[t] for t in self.fraction}
+        pending = max(0, self.total - self.finished - len(self.fraction))
+        return _duration(sweep_eta(elapsed, self.fraction, self.durations, pending, self.concurrency))
+
+    def _end(self, trial: Any) -> float:
+        self.finished += 1
+        self.fraction.pop(trial.trial_id, None)
+        return time.time() - self.started.get(trial.trial_id, time.time())
+
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.started[trial.trial_id] = self.last_print[trial.trial_id] = time.time()
+        now = time.time()
+        self.started[trial.trial_id] = now
+        self.fraction[trial.trial_id] = None
+        self.last_print[trial.trial_id] = 0.0
         self._say(f"start {trial}")
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if result.get("phase") != "train":
+            return
         now = time.time()
-        if result.get("phase") == "train" and now - self.last_print.get(trial.trial_id, 0) >= self.every_s:
-            self.last_print[trial.trial_id] = now
-            self._say(f"{trial}: step {result.get('step')}/{result.get('total_steps')} "
-                      f"loss {result.get('train_loss', float('nan')):.4f} "
-                      f"{result.get('tokens_per_s', 0):.0f} tok/s")
+        step, total = result.get("step"), result.get("total_steps")
+        self.fraction[trial.trial_id] = step / total if step and total else None
+        if now - self.last_print.get(trial.trial_id, 0.0) < self.every_s and step != total:
+            return
+        self.last_print[trial.trial_id] = now
+        speed = result.get("tokens_per_s_steady", result.get("tokens_per_s"))
+        self._say(f"{trial}: step {step}/{total}  loss {result.get('train_loss', float('nan')):.4f}"
+                  + (f"  {speed:.0f} tok/s" if speed is not None else "") + f"  sweep ETA {self._eta(now)}")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.finished += 1
+        seconds = self._end(trial)
         result = trial.last_result or {}
+        if result.get("resumed_from_store"):
+            self._say(f"skip {trial}: already stored ok with this config")
+            return
+        self.durations.append(seconds)
         scores = "  ".join(f"{task} acc {result[f'{task}_accuracy']:.3f} ece {result[f'{task}_ece']:.3f}"
-                           for task in ("mmlu", "arc_easy", "hellaswag") if f"{task}_accuracy" in result)
-        self._say(f"done {trial} in {time.time() - self.started.get(trial.trial_id, time.time()):.0f} s  "
-                  f"loss {result.get('train_loss', float('nan')):.4f}  {scores}")
+                           for task in TASKS if f"{task}_accuracy" in result)
+        status = "done" if "train_steps" in result else "stopped early"
+        self._say(f"{status} {trial} in {seconds:.0f} s  loss {result.get('train_loss', float('nan')):.4f}  "
+                  f"{scores}  sweep ETA {self._eta(time.time())}".rstrip())
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.finished += 1
-        self._say(f"FAILED {trial} (recorded in the results store with its error)")
+        from sweeps import store
+
+        self.durations.append(self._end(trial))
+        trial_id = self.sweep.trial(self.sweep.point(trial.config)).trial_id
+        row = store.stored_trial(self.sweep.results_dir, self.sweep.name, trial_id)  # the driver's own line
+        error = row["error"] if row and row["status"] == "failed" and row["error"] else trial_error(trial)
+        self._say(f"FAILED {trial}: {error}")
 
 
 class StoreRecorder(Callback):
@@ -76,9 +143,4 @@ class StoreRecorder(Callback):
         self._record(trial, "stopped", "stopped early by the scheduler")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        message = "the trial's process ended without recording a result"
-        if getattr(trial, "error_file", None) and os.path.exists(trial.error_file):
-            with open(trial.error_file) as handle:
-                lines = [line.strip() for line in handle.read().splitlines() if line.strip()]
-            message = lines[-1][:2000] if lines else message
-        self._record(trial, "failed", message)
+        self._record(trial, "failed", trial_error(trial))

@@ -1,0 +1,46 @@
+"""The console: one line per trial event (start, progress with tokens/s and the sweep's ETA, done with metrics,
+skipped, failed with the stored one-line error), driven through Ray Tune's callback hooks on real Trial objects."""
+
+from pathlib import Path
+
+import pytest
+from ray.tune.experiment import Trial
+
+from sweeps import store
+from sweeps.config import load_sweep
+from sweeps.progress import TrialProgress, sweep_eta
+
+TINY = Path(__file__).with_name("tiny_sweep.yaml")
+
+
+def test_eta_from_finished_trials_else_from_training_progress():
+    assert sweep_eta({}, {}, [], pending=4, concurrency=1) is None
+    # one trial 25% through after 30 s: it takes ~120 s; 90 s left plus 3 pending at 120 s each
+    assert sweep_eta({"a": 30.0}, {"a": 0.25}, [], pending=3, concurrency=1) == pytest.approx(450.0)
+    # finished trials took 100 s on average: a running one at 40 s has 60 s left; 2 pending, 2 at a time
+    assert sweep_eta({"a": 40.0}, {"a": 0.9}, [90.0, 110.0], pending=2, concurrency=2) == pytest.approx(130.0)
+
+
+def test_one_line_per_event(tmp_path, capsys):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    progress = TrialProgress(sweep, total=3, every_s=0.0)
+    points = sweep.trial_points()
+    trials = [Trial("trainable", config=point._asdict(), stub=True) for point in points]
+    for trial in trials:
+        progress.on_trial_start(0, trials, trial)
+    progress.on_trial_result(0, trials, trials[0], {"phase": "train", "step": 1, "total_steps": 2,
+                                                     "train_loss": 2.5, "tokens_per_s": 90.0,
+                                                     "tokens_per_s_steady": 120.0})
+    trials[0].update_last_result({"phase": "done", "train_steps": 2, "train_loss": 2.25, "mmlu_accuracy": 0.5,
+                                  "mmlu_ece": 0.125})
+    progress.on_trial_complete(0, trials, trials[0])
+    failed = sweep.trial(points[1])
+    store.write_trial(str(tmp_path), {"run_name": sweep.name, "trial_id": failed.trial_id, "status": "failed",
+                                      "error": "ValueError: expected at least one SFT example"})
+    progress.on_trial_error(0, trials, trials[1])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("] ")[1].split(" ")[0] for line in lines] == ["start", "start", f"{trials[0]}:", "done",
+                                                                     "FAILED"]
+    assert "step 1/2  loss 2.5000  120 tok/s  sweep ETA" in lines[2]
+    assert lines[3].startswith("[calsweep 1/3] done") and "mmlu acc 0.500 ece 0.125" in lines[3]
+    assert lines[4] == f"[calsweep 2/3] FAILED {trials[1]}: ValueError: expected at least one SFT example"
