@@ -5,14 +5,17 @@
 
 writes into DIR (default RESULTS/analysis):
 
-    table1.csv, table1.md          Table 1: Acc / ECE / RMS per SFT dataset x family x beta at the selected lr
+    table1.csv, table1.md          Table 1: Acc / ECE / RMS per SFT dataset x family x beta at the selected lr, with
+                                   ECE intervals over seeds and questions and the number of seeds
     paired_ece.csv, paired_ece.md  ECE(beta) - ECE(0) over the same questions, paired bootstrap interval
     ece_intervals.csv              question-level ECE of every Table 1 cell with its bootstrap interval
+    ls_ts.csv, ls_ts.md            label smoothing, temperature scaling and both, side by side per family and task
     delta_ece.csv                  change in ECE from beta = 0 to the best beta, per model and task
-    entropy_gap.csv                each model's entropy floor and normalised gap (calibration.entropy_bound)
+    entropy_gap.csv                each trial's eq. 14 floor and measured entropy (older stores: our rank bound)
     ece_vs_beta_<data>.png         ECE against beta per family and task (paired_ece_<data>.png: the differences)
+    ls_ts_<data>.png               ECE against beta as trained and after temperature scaling
     delta_ece_vs_vocab_<data>.png, delta_ece_vs_hidden_<data>.png    the paper's Figures 3 and 5
-    entropy_gap.png                the paper's Figure 4, with the store's models on it
+    entropy_gap.png                the paper's Figure 4, each trial's measured entropy beside its floor
     reliability/<data>/<family>__<task>.png    reliability diagrams, beta = 0 (left) and the best beta (right)
     notes.md                       the selection rules, and everything left out with the reason
 
@@ -34,14 +37,15 @@ if __package__ in (None, ""):  # run as a script: make the repository's packages
 
 import pandas as pd  # noqa: E402
 
-from calibration.rank_entropy_bound import rank_entropy_floor, rank_entropy_gap  # noqa: E402
-from sweeps.analysis import figures  # noqa: E402
 from calibration.summary import SCORES  # noqa: E402
+from sweeps.analysis import figures  # noqa: E402
+from sweeps.analysis.entropy import entropy_outputs  # noqa: E402
 from sweeps.analysis.load import SCORE_NAMES, Results, load_results, parse_filter  # noqa: E402
 from sweeps.analysis.questions import (CellKey, CellQuestions, cell_questions, ece_intervals,  # noqa: E402
                                        paired_differences)
 from sweeps.analysis.select import BEST_BETA, SELECTION, best_betas, grid_points, table_one  # noqa: E402
-from sweeps.analysis.tables import write_paired, write_table_one  # noqa: E402
+from sweeps.analysis.tables import INTERVALS, write_ls_ts, write_paired, write_table_one  # noqa: E402
+from sweeps.analysis.temperature import describe_sources, ls_ts_table, scaled_questions  # noqa: E402
 
 
 def slug(name: str) -> str:
@@ -56,22 +60,28 @@ def analyze(root: str, filters: dict[str, set[str]], out: Path, *, n_boot: int =
     results = load_results(root, filters, score)
     notes = results.notes
     out.mkdir(parents=True, exist_ok=True)
-    tasks = results.tasks
+    tasks, n_bins = results.tasks, results.n_bins
     table = table_one(grid_points(results.trials, tasks))
-    written = write_table_one(table, tasks, results.n_bins, out, SCORE_NAMES[score])
+    cells = cell_questions(table, results.questions, tasks)
+    intervals = ece_intervals(cells, n_bins, n_boot, seed)
+    written = write_table_one(table, intervals, tasks, n_bins, n_boot, out, SCORE_NAMES[score])
     deltas = best_betas(table, tasks, notes)
     written.append(_csv(deltas, out / "delta_ece.csv"))
-    written += _entropy_outputs(table, logit_std, out, notes)
+    entropy_files, entropy_note = entropy_outputs(results.trials, logit_std, out, notes)
+    written += entropy_files
 
-    cells = cell_questions(table, results.questions, tasks)
-    intervals = ece_intervals(cells, results.n_bins, n_boot, seed)
-    paired = paired_differences(cells, results.n_bins, n_boot, seed, notes)
+    paired = paired_differences(cells, n_bins, n_boot, seed, notes)
     written.append(_csv(intervals, out / "ece_intervals.csv"))
     written += write_paired(paired, n_boot, out)
+    temperatures, scaled = scaled_questions(results)
+    ts_intervals = ece_intervals(cell_questions(table, scaled, tasks), n_bins, n_boot, seed)
+    ls_ts = ls_ts_table(table, temperatures, intervals, ts_intervals, tasks, notes)
+    written += write_ls_ts(ls_ts, n_boot, out)
     for dataset in sorted(table["sft_dataset"].unique()):
-        written += _dataset_figures(dataset, tasks, intervals, paired, deltas, out)
-    written += _reliability_pairs(deltas, cells, results.n_bins, out, notes)
-    written.append(_write_notes(root, filters, results, n_boot, seed, logit_std, out))
+        written += _dataset_figures(dataset, tasks, intervals, paired, deltas, ls_ts, out)
+    written += _reliability_pairs(deltas, cells, n_bins, out, notes)
+    applied = [entropy_note, describe_sources(temperatures, score)]
+    written.append(_write_notes(root, filters, results, n_boot, seed, applied, out))
     return written
 
 
@@ -81,12 +91,15 @@ def _csv(frame: pd.DataFrame, path: Path) -> Path:
 
 
 def _dataset_figures(dataset: str, tasks: tuple[str, ...], intervals: pd.DataFrame, paired: pd.DataFrame,
-                     deltas: pd.DataFrame, out: Path) -> list[Path]:
-    """The figures of one SFT dataset for which it has points."""
-    intervals, paired, deltas = (frame[frame["sft_dataset"] == dataset] for frame in (intervals, paired, deltas))
+                     deltas: pd.DataFrame, ls_ts: pd.DataFrame, out: Path) -> list[Path]:
+    """The figures of one SFT dataset for which it has points (ls_ts: where some trial has a temperature)."""
+    intervals, paired, deltas, ls_ts = (frame[frame["sft_dataset"] == dataset]
+                                        for frame in (intervals, paired, deltas, ls_ts))
     name, written = slug(dataset), []
     if len(intervals):
         written.append(figures.ece_against_beta(intervals, dataset, tasks, out / f"ece_vs_beta_{name}.png"))
+    if ls_ts["ece_ts"].notna().any():
+        written.append(figures.ls_ts_against_beta(ls_ts, dataset, tasks, out / f"ls_ts_{name}.png"))
     if len(paired):
         written.append(figures.paired_against_beta(paired, dataset, tasks, out / f"paired_ece_{name}.png"))
     if len(deltas):
@@ -94,21 +107,6 @@ def _dataset_figures(dataset: str, tasks: tuple[str, ...], intervals: pd.DataFra
             written.append(figures.delta_against_size(deltas, dataset, tasks, column,
                                                       out / f"delta_ece_vs_{short}_{name}.png"))
     return written
-
-
-def _entropy_outputs(table: pd.DataFrame, logit_std: float, out: Path, notes: list[str]) -> list[Path]:
-    """entropy_gap.csv (H_floor in nats and the normalised gap of each model) and entropy_gap.png."""
-    models = table.drop_duplicates("family")[["family", "vocab_size", "hidden_size"]]
-    unknown = models[models["vocab_size"].isna() | models["hidden_size"].isna()]
-    if len(unknown):
-        notes.append(f"no vocabulary or hidden size stored for {', '.join(unknown['family'])}: left off the size "
-                     f"figures and entropy_gap")
-    models = models.dropna().reset_index(drop=True)
-    models["entropy_floor"] = [float(rank_entropy_floor(d, v, logit_std)) for d, v in
-                               zip(models["hidden_size"], models["vocab_size"])]
-    models["normalised_entropy_gap"] = [float(rank_entropy_gap(d, v, logit_std)) for d, v in
-                                        zip(models["hidden_size"], models["vocab_size"])]
-    return [_csv(models, out / "entropy_gap.csv"), figures.entropy_gap(models, logit_std, out / "entropy_gap.png")]
 
 
 def _reliability_pairs(deltas: pd.DataFrame, cells: dict[CellKey, CellQuestions], n_bins: int, out: Path,
@@ -131,17 +129,16 @@ def _reliability_pairs(deltas: pd.DataFrame, cells: dict[CellKey, CellQuestions]
 
 
 def _write_notes(root: str, filters: dict[str, set[str]], results: Results, n_boot: int, seed: int,
-                 logit_std: float, out: Path) -> Path:
+                 applied: list[str], out: Path) -> Path:
     shown = ",".join(f"{k}={v}" for k, values in sorted(filters.items()) for v in sorted(values)) or "none"
     lines = ["# Analysis notes", "",
              f"- store: `{root}`, filter: {shown}; {len(results.trials)} ok trials, tasks: {', '.join(results.tasks)}",
              f"- choice distribution of every metric: {SCORE_NAMES[results.score]} (`--score {results.score}`).",
              f"- Table 1: {SELECTION}.",
              f"- {BEST_BETA}.",
-             f"- question-level ECE: {results.n_bins} equal-width bins; intervals: {n_boot} bootstrap resamples of "
-             f"questions (percentile, 95%), seed {seed}.",
-             f"- entropy gap: our rank bound (`calibration/rank_entropy_bound.py`) at RMS centred logit sigma = "
-             f"{logit_std:g} (not the paper's eq. 14, which is `calibration/entropy_bound.py`).",
+             f"- question-level ECE: {results.n_bins} equal-width bins, the mean of the cell's trials' ECEs; "
+             f"intervals: {INTERVALS.format(n_boot=n_boot)}, seed {seed}.",
+             *(f"- {line}." for line in applied),
              "", "## Left out", ""]
     lines += [f"- {note}" for note in results.notes] or ["- nothing"]
     path = out / "notes.md"

@@ -1,4 +1,5 @@
-"""Read the results store into pandas: the ok trials that pass ``--filter`` and their reported-split questions.
+"""Read the results store into pandas: the ok trials that pass ``--filter``, their reported-split questions and
+(where temperature scaling scored one) their held-out-split questions.
 
 A trial is the pair (run_name, trial_id), written ``run/trial`` in the ``trial`` column of both frames.
 Failed and early-stopped trials are left out and counted in the notes, so a store of an interrupted sweep
@@ -8,6 +9,10 @@ is read like a finished one.
 log-likelihoods, what trials report as accuracy / ece / rms_ce) or "loglik_norm" (softmax of length-normalised
 ones, lm-eval's acc_norm; the trial columns *_norm and the questions' loglik_norm). Under "loglik_norm" the
 trial frame's accuracy / ece / rms_ce columns hold the *_norm values, so every table and figure follows.
+A question's ``scores`` are its choices' log-likelihoods under ``score``.
+
+The trial frame always has the entropy-floor columns (``calibration.entropy_floor.STATS``); they are null in
+rows written before trials measured them.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from calibration.entropy_floor import STATS as ENTROPY_STATS
 from calibration.metrics import expected_calibration_error, rms_calibration_error
 from calibration.probabilities import choice_probs, pad, top_label
 from calibration.summary import SCORES
@@ -25,7 +31,7 @@ from sweeps import store
 
 PAPER_TASKS = ("mmlu", "hellaswag", "arc_easy")  # the order of the paper's Table 1
 FILTER_COLUMNS = {"run": "run_name", "dataset": "sft_dataset", "family": "family", "task": None}
-QUESTION_COLUMNS = ["trial", "task", "question_id", "confidence", "correct"]
+QUESTION_COLUMNS = ["trial", "seed", "task", "question_id", "gold", "scores", "confidence", "correct"]
 DEFAULT_N_BINS = 15  # EvalConfig.n_bins when a row has no config_json
 SCORED_METRICS = ("accuracy", "ece", "rms_ce")  # the trial columns that have a length-normalised twin *_norm
 SCORE_NAMES = {"loglik": "softmax over the choices' summed log-likelihoods",
@@ -36,6 +42,7 @@ SCORE_NAMES = {"loglik": "softmax over the choices' summed log-likelihoods",
 class Results:
     trials: pd.DataFrame  # one row per ok trial (TRIAL_SCHEMA columns + ``trial``)
     questions: pd.DataFrame  # QUESTION_COLUMNS, each task's reported split only
+    heldout: pd.DataFrame  # QUESTION_COLUMNS, each task's held-out (temperature-fitting) split
     tasks: tuple[str, ...]  # in PAPER_TASKS order
     n_bins: int  # the sweep's eval.n_bins, for ECE recomputed from questions
     notes: list[str] = field(default_factory=list)  # what was left out and why
@@ -71,6 +78,9 @@ def load_results(root: str, filters: dict[str, set[str]] | None = None, score: s
         raise ValueError(f"expected store schema version {store.SCHEMA_VERSION}, got {versions} in {root}")
     trials["trial"] = trials["run_name"] + "/" + trials["trial_id"]
     trials["sft_dataset"] = trials["sft_dataset"].fillna("unknown")
+    for name in ENTROPY_STATS:  # absent from the store's schema until trials measure them
+        if name not in trials:
+            trials[name] = float("nan")
     notes: list[str] = []
     for key, values in filters.items():
         if FILTER_COLUMNS[key] is None:
@@ -90,11 +100,11 @@ def load_results(root: str, filters: dict[str, set[str]] | None = None, score: s
                   and trials[f"{t}_accuracy"].notna().any())
     if not tasks:
         raise ValueError(f"expected scored tasks among {list(PAPER_TASKS)}, got none in the selected trials")
-    questions = _questions(root, trials, tasks, notes, score)
+    questions, heldout = _questions(root, trials, tasks, notes, score)
     n_bins = _n_bins(trials)
     if score == "loglik_norm":
         trials = _length_normalised(trials, questions, tasks, n_bins, notes)
-    return Results(trials, questions, tasks, n_bins, notes, score)
+    return Results(trials, questions, heldout, tasks, n_bins, notes, score)
 
 
 def _length_normalised(trials: pd.DataFrame, questions: pd.DataFrame, tasks: tuple[str, ...], n_bins: int,
@@ -128,23 +138,24 @@ def _length_normalised(trials: pd.DataFrame, questions: pd.DataFrame, tasks: tup
 
 
 def _questions(root: str, trials: pd.DataFrame, tasks: tuple[str, ...], notes: list[str],
-               score: str) -> pd.DataFrame:
-    """QUESTION_COLUMNS of the trials' reported splits; confidence and correct recomputed under ``score``."""
-    columns = ["run_name", "trial_id", "task", "split", "question_id", "confidence", "correct"]
-    if score != "loglik":
-        columns += ["gold", score]
-    questions = store.read_questions(root).select(columns).to_pandas()
+               score: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """QUESTION_COLUMNS of the trials' reported and held-out splits; confidence and correct recomputed under
+    ``score``."""
+    columns = ["run_name", "trial_id", "task", "split", "question_id", "gold", score, "confidence", "correct"]
+    questions = store.read_questions(root).select(columns).to_pandas().rename(columns={score: "scores"})
     if score != "loglik" and len(questions):
-        confidence, correct = top_label(choice_probs(pad(questions[score].tolist())), questions["gold"].to_numpy())
+        confidence, correct = top_label(choice_probs(pad(questions["scores"].tolist())), questions["gold"].to_numpy())
         questions["confidence"], questions["correct"] = confidence, correct
     questions["trial"] = questions["run_name"] + "/" + questions["trial_id"]
+    questions = questions.merge(trials[["trial", "seed"]], on="trial", how="inner")
     reported = questions["task"].map({t: TASK_CONFIGS[t].split for t in tasks})
-    questions = questions[questions["trial"].isin(set(trials["trial"])) & (questions["split"] == reported)]
-    missing = sorted(set(trials["trial"]) - set(questions["trial"]))
+    fitting = questions["task"].map({t: TASK_CONFIGS[t].fit_split for t in tasks})
+    missing = sorted(set(trials["trial"]) - set(questions["trial"][questions["split"] == reported]))
     if missing:
         notes.append(f"no stored questions for {len(missing)} trial(s), left out of the question-level figures "
                      f"and intervals: {', '.join(missing)}")
-    return questions[QUESTION_COLUMNS].reset_index(drop=True)
+    return tuple(questions[questions["split"] == split][QUESTION_COLUMNS].reset_index(drop=True)
+                 for split in (reported, fitting))
 
 
 def _n_bins(trials: pd.DataFrame) -> int:

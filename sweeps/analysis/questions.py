@@ -1,10 +1,13 @@
 """Question-level ECE of Table 1's cells with bootstrap intervals, and each beta's paired difference to beta = 0.
 
 A cell's questions are those its trials scored on the task's reported split. With R trials (seeds) a cell is
-an (N, R) matrix over the N questions every one of them scored, and its ECE is that of all N R (confidence,
-correct) pairs (with R = 1, the trial's stored ECE). Intervals resample the N questions (rows) with
-``calibration.bootstrap``. The paired difference Delta = ECE(beta) - ECE(0) resamples the questions both cells
-scored, the same rows for both, so question difficulty shared by the two cancels out of its interval.
+an (N, R) matrix over the N questions every one of them scored, and its ECE is the mean over its R trials of
+each trial's ECE, ECE = (1/R) sum_r ECE(c_.r, a_.r): Table 1's mean (with R = 1, the trial's stored ECE).
+Intervals come from ``calibration.bootstrap.seed_question_bootstrap``: each resample draws R of the cell's trials
+with replacement, then N of the questions, so they carry seed-to-seed variance too; with R = 1 they are over
+questions only (``n_seeds`` says which). The paired difference Delta = ECE(beta) - ECE(0) draws each cell's
+trials on its own and the questions both cells scored once for both, so question difficulty shared by the two
+cancels out of its interval.
 """
 
 from __future__ import annotations
@@ -14,15 +17,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from calibration.bootstrap import bootstrap_ci
+from calibration.bootstrap import seed_question_bootstrap
 from calibration.metrics import expected_calibration_error
 from sweeps.analysis.load import PAPER_TASKS
 
 CellKey = tuple[str, str, float, str]  # (sft_dataset, family, beta, task)
 INTERVAL_COLUMNS = ["sft_dataset", "family", "task", "label_smoothing", "ece", "low", "high", "n_questions",
-                    "n_trials"]
+                    "n_trials", "n_seeds"]
 PAIRED_COLUMNS = ["sft_dataset", "family", "task", "label_smoothing", "ece_beta", "ece_beta0", "delta_ece", "low",
-                  "high", "n_questions"]
+                  "high", "n_questions", "n_seeds", "n_seeds_beta0"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class CellQuestions:
     question_ids: pd.Index  # (N,), sorted
     confidence: np.ndarray  # (N, R)
     correct: np.ndarray  # (N, R), 0/1
+    n_seeds: int  # distinct seeds among the R trials (a missing seed counts as one)
 
 
 def cell_questions(table: pd.DataFrame, questions: pd.DataFrame, tasks: tuple[str, ...]
@@ -50,9 +54,16 @@ def cell_questions(table: pd.DataFrame, questions: pd.DataFrame, tasks: tuple[st
             confidence = rows.pivot(index="question_id", columns="trial", values="confidence").dropna()
             correct = rows.pivot(index="question_id", columns="trial", values="correct").loc[confidence.index]
             if len(confidence):
+                seeds = rows.drop_duplicates("trial")["seed"].nunique(dropna=False)
                 cells[(row.sft_dataset, row.family, row.label_smoothing, task)] = CellQuestions(
-                    confidence.index, confidence.to_numpy(np.float64), correct.to_numpy(np.float64))
+                    confidence.index, confidence.to_numpy(np.float64), correct.to_numpy(np.float64), seeds)
     return cells
+
+
+def mean_ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
+    """(1/R) sum_r ECE(confidence[:, r], correct[:, r]) of (N, R) arrays: the mean of the trials' ECEs."""
+    return float(np.mean([expected_calibration_error(confidence[:, r], correct[:, r], n_bins)
+                          for r in range(confidence.shape[1])]))
 
 
 def _in_order(cells: dict[CellKey, CellQuestions]) -> list[tuple[CellKey, CellQuestions]]:
@@ -61,13 +72,13 @@ def _in_order(cells: dict[CellKey, CellQuestions]) -> list[tuple[CellKey, CellQu
 
 
 def ece_intervals(cells: dict[CellKey, CellQuestions], n_bins: int, n_boot: int, seed: int) -> pd.DataFrame:
-    """INTERVAL_COLUMNS per cell: its question-level ECE with a percentile-bootstrap interval over questions."""
+    """INTERVAL_COLUMNS per cell: its question-level ECE with a percentile interval over seeds and questions."""
     rows = []
     for (dataset, family, beta, task), cell in _in_order(cells):
-        interval = bootstrap_ci(lambda conf, corr: expected_calibration_error(conf.ravel(), corr.ravel(), n_bins),
-                                cell.confidence, cell.correct, n_boot=n_boot, seed=seed)
+        interval = seed_question_bootstrap(lambda arrays: mean_ece(*arrays, n_bins), (cell.confidence, cell.correct),
+                                           n_boot=n_boot, seed=seed)
         rows.append([dataset, family, task, beta, interval.estimate, interval.low, interval.high,
-                     len(cell.question_ids), cell.confidence.shape[1]])
+                     len(cell.question_ids), cell.confidence.shape[1], cell.n_seeds])
     return pd.DataFrame(rows, columns=INTERVAL_COLUMNS)
 
 
@@ -85,15 +96,10 @@ def paired_differences(cells: dict[CellKey, CellQuestions], n_bins: int, n_boot:
                          f"difference")
             continue
         at, at_base = cell.question_ids.get_indexer(shared), base.question_ids.get_indexer(shared)
-
-        def delta(conf: np.ndarray, corr: np.ndarray, conf0: np.ndarray, corr0: np.ndarray) -> float:
-            return (expected_calibration_error(conf.ravel(), corr.ravel(), n_bins)
-                    - expected_calibration_error(conf0.ravel(), corr0.ravel(), n_bins))
-
-        arrays = (cell.confidence[at], cell.correct[at], base.confidence[at_base], base.correct[at_base])
-        interval = bootstrap_ci(delta, *arrays, n_boot=n_boot, seed=seed)
-        ece_beta, ece_base = (expected_calibration_error(conf.ravel(), corr.ravel(), n_bins)
-                              for conf, corr in (arrays[:2], arrays[2:]))
-        rows.append([dataset, family, task, beta, ece_beta, ece_base, interval.estimate, interval.low,
-                     interval.high, len(shared)])
+        smoothed = (cell.confidence[at], cell.correct[at])
+        unsmoothed = (base.confidence[at_base], base.correct[at_base])
+        interval = seed_question_bootstrap(lambda a, b: mean_ece(*a, n_bins) - mean_ece(*b, n_bins), smoothed,
+                                           unsmoothed, n_boot=n_boot, seed=seed)
+        rows.append([dataset, family, task, beta, mean_ece(*smoothed, n_bins), mean_ece(*unsmoothed, n_bins),
+                     interval.estimate, interval.low, interval.high, len(shared), cell.n_seeds, base.n_seeds])
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)

@@ -24,11 +24,13 @@ DELTA_COLUMNS = ["sft_dataset", "family", "vocab_size", "hidden_size", "task", "
 
 
 def grid_points(trials: pd.DataFrame, tasks: tuple[str, ...]) -> pd.DataFrame:
-    """A row per (dataset, family, beta, lr): mean metrics, ``mean_accuracy``, ``n_trials``, ``trials``, model facts."""
+    """A row per (dataset, family, beta, lr): mean metrics, ``mean_accuracy``, ``n_trials``, ``n_seeds`` (distinct
+    seeds), ``trials``, model facts."""
     metrics = [f"{t}_{m}" for t in tasks for m in TABLE_METRICS]
     grouped = trials.groupby(CELL + ["learning_rate"], sort=True)
     points = grouped[metrics + ["train_loss", "val_loss"]].mean()
     points["n_trials"] = grouped.size()
+    points["n_seeds"] = grouped["seed"].nunique(dropna=False)
     points["trials"] = grouped["trial"].agg(lambda names: ";".join(sorted(names)))
     points = points.reset_index()
     points["mean_accuracy"] = points[[f"{t}_accuracy" for t in tasks]].mean(axis=1)

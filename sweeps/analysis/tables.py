@@ -10,8 +10,10 @@ from sweeps.analysis.select import SELECTION, TABLE_METRICS
 
 TASK_NAMES = {"mmlu": "MMLU", "hellaswag": "HellaSwag", "arc_easy": "ARC-Easy"}
 METRIC_NAMES = {"accuracy": "Acc", "ece": "ECE", "rms_ce": "RMS"}
-TABLE_ONE_COLUMNS = ["sft_dataset", "family", "label_smoothing", "learning_rate", "n_trials", "vocab_size",
-                     "hidden_size", "n_params"]
+TABLE_ONE_COLUMNS = ["sft_dataset", "family", "label_smoothing", "learning_rate", "n_trials", "n_seeds",
+                     "vocab_size", "hidden_size", "n_params"]
+INTERVALS = ("a 95% percentile interval over {n_boot} resamples of the cell's seeds, then of the questions "
+             "(questions only where seeds = 1; seed draws from 2-3 seeds are coarse)")
 
 
 def markdown(frame: pd.DataFrame) -> str:
@@ -25,22 +27,40 @@ def percent(value: float) -> str:
     return "-" if pd.isna(value) else f"{100 * value:.2f}"
 
 
-def write_table_one(table: pd.DataFrame, tasks: tuple[str, ...], n_bins: int, out: Path,
-                    distribution: str) -> list[Path]:
-    """table1.csv and table1.md: per SFT dataset x family x beta, Acc / ECE / RMS of each task at the selected lr."""
+def with_interval(value: float, low: float, high: float) -> str:
+    """``12.34 [10.10, 14.56]`` in percent; the bare value where there is no interval."""
+    return percent(value) if pd.isna(low) else f"{percent(value)} [{percent(low)}, {percent(high)}]"
+
+
+def write_table_one(table: pd.DataFrame, intervals: pd.DataFrame, tasks: tuple[str, ...], n_bins: int, n_boot: int,
+                    out: Path, distribution: str) -> list[Path]:
+    """table1.csv and table1.md: per SFT dataset x family x beta, Acc / ECE / RMS of each task at the selected lr,
+    the ECE with its seed-and-question interval (``intervals``: questions.INTERVAL_COLUMNS)."""
     metrics = [f"{t}_{m}" for t in tasks for m in TABLE_METRICS]
+    by_cell = intervals.set_index(["sft_dataset", "family", "label_smoothing", "task"])
+    table = table.copy()
+    for task in tasks:
+        keys = list(zip(table["sft_dataset"], table["family"], table["label_smoothing"], [task] * len(table)))
+        found = by_cell.reindex(keys)
+        for column in ("low", "high", "n_seeds"):
+            table[f"{task}_ece_{column}"] = found[column].to_numpy()
+    spread = [f"{t}_ece_{c}" for t in tasks for c in ("low", "high", "n_seeds")]
     csv = out / "table1.csv"
     extra = ["mean_accuracy", "val_loss", "train_loss", "selected_by", "trials"]
-    table[TABLE_ONE_COLUMNS + metrics + extra].to_csv(csv, index=False)
+    table[TABLE_ONE_COLUMNS + metrics + spread + extra].to_csv(csv, index=False)
     shown = pd.DataFrame({"SFT data": table["sft_dataset"], "family": table["family"],
                           "beta": table["label_smoothing"].map("{:g}".format),
-                          "lr": table["learning_rate"].map("{:g}".format), "n": table["n_trials"]})
+                          "lr": table["learning_rate"].map("{:g}".format), "n": table["n_trials"],
+                          "seeds": table["n_seeds"]})
     for task in tasks:
         for metric in TABLE_METRICS:
-            shown[f"{TASK_NAMES[task]} {METRIC_NAMES[metric]}"] = table[f"{task}_{metric}"].map(percent)
+            shown[f"{TASK_NAMES[task]} {METRIC_NAMES[metric]}"] = (
+                [with_interval(*v) for v in table[[f"{task}_ece", f"{task}_ece_low", f"{task}_ece_high"]].to_numpy()]
+                if metric == "ece" else table[f"{task}_{metric}"].map(percent))
     caption = (f"**Table 1.** Accuracy, ECE and RMS calibration error (%, top label of the {distribution}, {n_bins} "
                f"equal-width bins) on {', '.join(TASK_NAMES[t] for t in tasks)} after SFT with label smoothing beta; "
-               f"{SELECTION}.")
+               f"{SELECTION}; n: trials, seeds: distinct seeds among them. ECE in brackets: "
+               f"{INTERVALS.format(n_boot=n_boot)}, from the trials with stored questions.")
     md = out / "table1.md"
     md.write_text(caption + "\n\n" + markdown(shown))
     return [csv, md]
@@ -57,10 +77,43 @@ def write_paired(paired: pd.DataFrame, n_boot: int, out: Path) -> list[Path]:
         "beta": paired["label_smoothing"].map("{:g}".format), "ECE(beta)": paired["ece_beta"].map(percent),
         "ECE(0)": paired["ece_beta0"].map(percent), "Delta ECE": paired["delta_ece"].map(percent),
         "95% interval": [f"[{percent(lo)}, {percent(hi)}]" for lo, hi in zip(paired["low"], paired["high"])],
-        "ECE with LS": verdict, "questions": paired["n_questions"]})
-    caption = (f"**Paired ECE difference.** Delta ECE = ECE(beta) - ECE(beta = 0) (%), each at its Table 1 lr, over "
-               f"the questions both scored; percentile interval of {n_boot} paired bootstrap resamples of those "
-               f"questions. 'lower': the whole interval is below 0.")
+        "ECE with LS": verdict, "questions": paired["n_questions"],
+        "seeds (beta / 0)": [f"{a} / {b}" for a, b in zip(paired["n_seeds"], paired["n_seeds_beta0"])]})
+    caption = (f"**Paired ECE difference.** Delta ECE = ECE(beta) - ECE(beta = 0) (%), each the mean over its cell's "
+               f"trials at its Table 1 lr, over the questions both scored; {INTERVALS.format(n_boot=n_boot)}, each "
+               f"cell's seeds drawn on their own and the same questions for both (a paired bootstrap). 'lower': the "
+               f"whole interval is below 0.")
     md = out / "paired_ece.md"
     md.write_text(caption + "\n\n" + markdown(shown))
     return [csv, md]
+
+
+def write_ls_ts(frame: pd.DataFrame, n_boot: int, out: Path) -> list[Path]:
+    """ls_ts.csv (temperature.LS_TS_COLUMNS) and ls_ts.md: per family, task and beta > 0, ECE with neither, LS, TS
+    and LS + TS side by side."""
+    csv = out / "ls_ts.csv"
+    frame.to_csv(csv, index=False)
+    rows = []
+    for (dataset, family, task), group in frame.groupby(["sft_dataset", "family", "task"], sort=True):
+        by_beta = group.set_index("label_smoothing")
+        if 0.0 not in by_beta.index:
+            continue
+        base = by_beta.loc[0.0]
+        for beta, row in by_beta[by_beta.index > 0].iterrows():
+            rows.append([dataset, family, TASK_NAMES[task], f"{beta:g}", _shown(base, "ece"), _shown(row, "ece"),
+                         _shown(base, "ece_ts"), _shown(row, "ece_ts"),
+                         " / ".join("n/a" if pd.isna(t) else f"{t:.3g}" for t in (base["temperature"], row["temperature"])),
+                         f"{row['n_seeds']} / {base['n_seeds']}"])
+    shown = pd.DataFrame(rows, columns=["SFT data", "family", "task", "beta", "neither (beta = 0)", "LS (beta)",
+                                        "TS (beta = 0)", "LS + TS (beta)", "T (0 / beta)", "seeds (beta / 0)"])
+    caption = (f"**Label smoothing and temperature scaling.** ECE (%) at each Table 1 lr: as trained at beta = 0 "
+               f"(neither) and at beta (LS), and after a temperature T fitted on the task's held-out split (TS, "
+               f"LS + TS); means over the cell's trials; in brackets {INTERVALS.format(n_boot=n_boot)}, T held "
+               f"fixed. n/a: no held-out split was scored (HellaSwag has none). TS leaves accuracy unchanged.")
+    md = out / "ls_ts.md"
+    md.write_text(caption + "\n\n" + markdown(shown))
+    return [csv, md]
+
+
+def _shown(row: pd.Series, value: str) -> str:
+    return "n/a" if pd.isna(row[value]) else with_interval(row[value], row[f"{value}_low"], row[f"{value}_high"])

@@ -1,4 +1,5 @@
-"""sweeps/analyze.py on a synthetic store of known numbers: every output is written and the tables hold the store's."""
+"""sweeps/analyze.py on synthetic stores of known numbers: every output is written and the tables hold the store's;
+intervals count seeds, temperature scaling is read or fitted, and the entropy gap places measured entropy."""
 
 from __future__ import annotations
 
@@ -15,10 +16,19 @@ import pyarrow.parquet as pq
 import pytest
 from matplotlib.image import imread
 
+from calibration.entropy_bound import entropy_floor
+from calibration.entropy_floor import STATS as ENTROPY_STATS
 from calibration.probabilities import choice_probs, top_label
 from calibration.summary import task_metrics
+from calibration.temperature import fit_temperature
 from sweeps import store
+from sweeps.analysis.entropy import entropy_outputs
 from sweeps.analysis.load import load_results, parse_filter
+from sweeps.analysis.questions import cell_questions, ece_intervals, paired_differences
+from sweeps.analysis.select import grid_points, table_one
+from sweeps.analysis.tables import write_table_one
+from sweeps.analysis.figures import ls_ts_against_beta
+from sweeps.analysis.temperature import ls_ts_table, scaled_questions
 from sweeps.analyze import analyze, main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,9 +124,9 @@ def analysed(synthetic_store) -> tuple[Path, list[Path]]:
 def test_every_output_is_written(analysed):
     out, written = analysed
     expected = ["table1.csv", "table1.md", "paired_ece.csv", "paired_ece.md", "ece_intervals.csv", "delta_ece.csv",
-                "entropy_gap.csv", "entropy_gap.png", "notes.md"]
-    for dataset in ("alpaca", "tulu3"):
-        expected += [f"ece_vs_beta_{dataset}.png", f"paired_ece_{dataset}.png",
+                "entropy_gap.csv", "entropy_gap.png", "ls_ts.csv", "ls_ts.md", "notes.md"]
+    for dataset in ("alpaca", "tulu3"):  # ls_ts: every trial stored held-out MMLU questions, so T is fitted
+        expected += [f"ece_vs_beta_{dataset}.png", f"paired_ece_{dataset}.png", f"ls_ts_{dataset}.png",
                      f"delta_ece_vs_vocab_{dataset}.png", f"delta_ece_vs_hidden_{dataset}.png"]
     expected += [f"reliability/alpaca/{family}__{task}.png" for family in ("small", "big") for task in SPLITS]
     expected += [f"reliability/tulu3/small__{task}.png" for task in SPLITS]
@@ -161,19 +171,21 @@ def test_markdown_table_shows_the_csv_numbers_in_percent_with_its_caption(analys
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     row = table[(table["sft_dataset"] == "alpaca") & (table["family"] == "small")
                 & (table["label_smoothing"] == 0.1)].iloc[0]
-    assert cells[3] == "2e-05" and cells[4] == "1"
-    assert cells[5:8] == [f"{100 * row[m]:.2f}" for m in ("mmlu_accuracy", "mmlu_ece", "mmlu_rms_ce")]
+    assert cells[3] == "2e-05" and cells[4] == "1" and cells[5] == "1"  # one trial, one seed
+    ece = f"{100 * row['mmlu_ece']:.2f} [{100 * row['mmlu_ece_low']:.2f}, {100 * row['mmlu_ece_high']:.2f}]"
+    assert cells[6:9] == [f"{100 * row['mmlu_accuracy']:.2f}", ece, f"{100 * row['mmlu_rms_ce']:.2f}"]
+    assert "resamples of the cell's seeds, then of the questions (questions only where seeds = 1" in text
 
 
 def test_question_level_ece_matches_the_stored_ece(analysed, synthetic_store):
     out, _ = analysed
     intervals = pd.read_csv(out / "ece_intervals.csv")
     table = pd.read_csv(out / "table1.csv").set_index(["sft_dataset", "family", "label_smoothing"])
-    single = intervals.join(table[[f"{t}_ece" for t in SPLITS]],
+    single = intervals.join(table[[f"{t}_ece" for t in SPLITS]],  # every cell: its trials share their questions
                             on=["sft_dataset", "family", "label_smoothing"])
-    single = single[single["n_trials"] == 1]
     assert len(single) > 0 and (single["n_questions"] == N_QUESTIONS).all()
-    for row in single.itertuples():  # the held-out mmlu/val rows did not leak in
+    assert set(single["n_trials"]) == {1, 2} and (single["n_seeds"] == single["n_trials"]).all()
+    for row in single.itertuples():  # the held-out mmlu/val rows did not leak in; 2 seeds: Table 1's mean
         assert row.ece == pytest.approx(getattr(row, f"{row.task}_ece"), rel=1e-12)
     assert (intervals["low"] <= intervals["high"]).all()
 
@@ -225,7 +237,8 @@ def test_filters_select_a_subset(synthetic_store, tmp_path):
     written = analyze(str(synthetic_store), parse_filter("family=only0"), tmp_path, n_boot=5)
     assert sorted(p.name for p in written) == sorted(["delta_ece.csv", "ece_intervals.csv", "entropy_gap.csv",
                                                "entropy_gap.png", "ece_vs_beta_alpaca.png", "notes.md",
-                                               "paired_ece.csv", "paired_ece.md", "table1.csv", "table1.md"])
+                                               "paired_ece.csv", "paired_ece.md", "table1.csv", "table1.md",
+                                               "ls_ts.csv", "ls_ts.md", "ls_ts_alpaca.png"])
 
 
 @pytest.mark.parametrize("text,match", [("family", "KEY=VALUE"), ("colour=red", "KEY=VALUE"),
@@ -294,7 +307,7 @@ def test_command_line(synthetic_store, tmp_path):
                "family=only0,task=mmlu", "--out", str(tmp_path), "--n-boot", "5"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "wrote 10 files" in done.stdout and "alpaca/only0: no beta > 0 trial" in done.stdout
+    assert "wrote 13 files" in done.stdout and "alpaca/only0: no beta > 0 trial" in done.stdout
     assert (tmp_path / "table1.md").is_file()
 
 
@@ -325,3 +338,157 @@ def test_schema_doc_lists_every_column_and_its_queries_run(synthetic_store):
     sql = doc.split("```sql\n")[1].split("```")[0].replace("results/", f"{synthetic_store}/")
     for query in filter(str.strip, sql.split(";")):
         assert len(duckdb.connect().execute(query).fetchall()) > 0
+
+
+def _seed_store(root: Path, spread: float, n: int = 400) -> None:
+    """One family at beta 0 and 0.1, three seeds each, n MMLU questions; seed s's top-choice margins are larger
+    by spread * s (so its confidence and ECE differ from the other seeds')."""
+    margins = np.random.default_rng(7).uniform(0.0, 2.0, n)
+    gold = np.where(np.arange(n) < 0.6 * n, 0, 1)
+    for beta in (0.0, 0.1):
+        for seed in range(3):
+            loglik = np.zeros((n, 4)) - 1.0
+            loglik[:, 0] = (margins + spread * seed) * (1 - beta)
+            confidence, correct = top_label(choice_probs(loglik), gold)
+            trial_id = _trial_id("s", "m", beta, 1e-5, seed)
+            row = {"run_name": "s", "trial_id": trial_id, "status": "ok", "family": "m", "sft_dataset": "alpaca",
+                   "learning_rate": 1e-5, "label_smoothing": beta, "seed": seed, "train_loss": 1.0,
+                   "vocab_size": 1000, "hidden_size": 16, "config_json": json.dumps({"eval": {"n_bins": 15}})}
+            row |= {f"mmlu_{k}": v for k, v in task_metrics(loglik, loglik, gold).items()}
+            store.write_trial(str(root), row)
+            store.write_questions(str(root), "s", trial_id, pa.table({
+                "task": ["mmlu"] * n, "split": ["test"] * n, "question_id": [f"q{i}" for i in range(n)],
+                "subject": ["s"] * n, "gold": gold.astype(np.int32), "n_choices": np.full(n, 4, np.int32),
+                "loglik": loglik.tolist(), "loglik_norm": loglik.tolist(), "confidence": confidence,
+                "correct": correct}))
+
+
+def test_intervals_count_the_seeds_and_widen_with_their_spread(tmp_path):
+    widths = {}
+    for spread in (0.0, 1.5):
+        root = tmp_path / f"spread{spread}"
+        _seed_store(root, spread)
+        results = load_results(str(root))
+        table = table_one(grid_points(results.trials, results.tasks))
+        cells = cell_questions(table, results.questions, results.tasks)
+        intervals = ece_intervals(cells, 15, 200, 0)
+        paired = paired_differences(cells, 15, 200, 0, [])
+        write_table_one(table, intervals, results.tasks, 15, 200, root, "softmax")
+        written = pd.read_csv(root / "table1.csv")
+        assert list(written["n_seeds"]) == [3, 3] and list(written["mmlu_ece_n_seeds"]) == [3, 3]
+        assert list(intervals["ece"]) == pytest.approx(list(written["mmlu_ece"]), rel=1e-12)  # Table 1's means
+        assert "| 3 | 3 |" in (root / "table1.md").read_text()  # trials, seeds
+        assert (paired["n_seeds"] == 3).all() and (paired["n_seeds_beta0"] == 3).all()
+        widths[spread] = (intervals["high"] - intervals["low"]).to_numpy(), (paired["high"] - paired["low"]).iloc[0]
+    assert (widths[1.5][0] > 2 * widths[0.0][0]).all() and widths[1.5][1] > 2 * widths[0.0][1]
+
+
+def _question_file(root: Path, trial: str) -> pd.DataFrame:
+    """A trial's stored questions as plain Parquet gives them."""
+    return pq.read_table(root / "questions" / f"{trial.replace('/', '__')}.parquet").to_pandas()
+
+
+def _ece_after(questions: pd.DataFrame, task: str, temperature: float) -> float:
+    """The trial's own summary of its reported split at ``temperature`` (calibration.summary.task_metrics)."""
+    rows = questions[(questions["task"] == task) & (questions["split"] == SPLITS[task])]
+    loglik = np.stack(rows["loglik"].to_numpy())
+    return task_metrics(loglik, np.stack(rows["loglik_norm"].to_numpy()), rows["gold"].to_numpy(),
+                        temperature=temperature)["ece"]
+
+
+def test_temperature_is_fitted_on_stored_held_out_questions_else_n_a(analysed, synthetic_store):
+    out, _ = analysed
+    ls_ts = pd.read_csv(out / "ls_ts.csv")
+    interrupted = (ls_ts["sft_dataset"] == "tulu3") & (ls_ts["family"] == "big") & (ls_ts["label_smoothing"] == 0.1)
+    assert set(ls_ts.loc[(ls_ts["task"] == "mmlu") & ~interrupted, "ts_source"]) == {"fitted"}
+    assert set(ls_ts.loc[(ls_ts["task"] != "mmlu") | interrupted, "ts_source"]) == {"unavailable"}  # none held out
+    assert ls_ts.loc[ls_ts["task"] != "mmlu", "ece_ts"].isna().all()
+    single = ls_ts[(ls_ts["task"] == "mmlu") & (ls_ts["n_trials"] == 1) & ~interrupted]
+    table = pd.read_csv(out / "table1.csv").set_index(["sft_dataset", "family", "label_smoothing"])
+    for row in single.itertuples():
+        trial = table.at[(row.sft_dataset, row.family, row.label_smoothing), "trials"]
+        questions = _question_file(synthetic_store, trial)
+        heldout = questions[(questions["task"] == "mmlu") & (questions["split"] == "val")]
+        temperature = fit_temperature(np.stack(heldout["loglik"].to_numpy()), heldout["gold"].to_numpy())
+        assert row.temperature == pytest.approx(temperature, rel=1e-12)
+        assert row.ece_ts == pytest.approx(_ece_after(questions, "mmlu", temperature), rel=1e-12)
+        assert row.ece == pytest.approx(table.at[(row.sft_dataset, row.family, row.label_smoothing), "mmlu_ece"])
+    text = (out / "ls_ts.md").read_text()
+    assert "LS + TS (beta)" in text and "| n/a | n/a |" in text
+    assert "temperature scaling: stored T and ECE after TS" in (out / "notes.md").read_text()
+
+
+def test_stored_temperature_columns_are_read_first(synthetic_store, tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(synthetic_store, root, ignore=shutil.ignore_patterns("analysis"))
+    stored = {}
+    for trial, row in _stored_trials(root).query("sft_dataset == 'alpaca' and family == 'small' and status == 'ok'"
+                                                 ).iterrows():
+        questions = _question_file(root, trial)
+        stored[trial] = {f"{task}_ece_ts": _ece_after(questions, task, t) for task, t in (("mmlu", 2.0),
+                                                                                          ("arc_easy", 0.5))}
+        store.write_trial(str(root), {k: v for k, v in row.to_dict().items() if k in store.TRIAL_SCHEMA.names
+                                      and not pd.isna(v)} | stored[trial] | {"mmlu_temperature": 2.0,
+                                                                             "arc_easy_temperature": 0.5})
+    results = load_results(str(root), parse_filter("dataset=alpaca,family=small"))
+    table = table_one(grid_points(results.trials, results.tasks))
+    temperatures, scaled = scaled_questions(results)
+    ls_ts = ls_ts_table(table, temperatures, ece_intervals(cell_questions(table, results.questions, results.tasks),
+                                                           15, 5, 0),
+                        ece_intervals(cell_questions(table, scaled, results.tasks), 15, 5, 0), results.tasks, [])
+    assert imread(ls_ts_against_beta(ls_ts, "alpaca", results.tasks, tmp_path / "ls_ts.png")).ndim == 3
+    ls_ts, table = ls_ts.set_index(["task", "label_smoothing"]), table.set_index("label_smoothing")
+    for beta in table.index:
+        trial = table.at[beta, "trials"]
+        for task, temperature in (("mmlu", 2.0), ("arc_easy", 0.5)):  # stored T wins over a fit on mmlu/val
+            assert ls_ts.at[(task, beta), "ts_source"] == "stored"
+            assert ls_ts.at[(task, beta), "temperature"] == temperature
+            assert ls_ts.at[(task, beta), "ece_ts"] == pytest.approx(stored[trial][f"{task}_ece_ts"], rel=1e-12)
+            assert ls_ts.at[(task, beta), "ece_ts_low"] <= ls_ts.at[(task, beta), "ece_ts_high"]  # from questions
+        assert ls_ts.at[("hellaswag", beta), "ts_source"] == "unavailable"
+    normalised = load_results(str(root), parse_filter("dataset=alpaca,family=small"), score="loglik_norm")
+    sources = scaled_questions(normalised)[0].groupby("task")["source"].agg(set)
+    assert sources.to_dict() == {"mmlu": {"fitted"}, "arc_easy": {"unavailable"},  # stored T is of loglik
+                                 "hellaswag": {"unavailable"}}
+
+
+def test_old_store_entropy_gap_is_our_rank_bound_and_says_so(analysed):
+    out, _ = analysed
+    assert "no selected trial stores the measured entropy columns" in (out / "notes.md").read_text()
+    assert "normalised_entropy_gap" in pd.read_csv(out / "entropy_gap.csv")
+
+
+def test_entropy_gap_places_each_trial_s_measured_entropy_beside_its_floor(synthetic_store, tmp_path):
+    trials = load_results(str(synthetic_store)).trials
+    measured = trials["trial"] != "r1/small-b0-lr1e-05-s0"  # one trial from before the columns: left off, noted
+    log_v, hidden = np.log(trials["vocab_size"].astype(float)), trials["hidden_size"].astype(float)
+    rho = log_v / np.sqrt(hidden) * (1 + trials["label_smoothing"])  # a floor between 0 and log |V|
+    floor = entropy_floor(trials["vocab_size"].astype(float), hidden, rho)
+    trials.loc[measured, list(ENTROPY_STATS)] = np.column_stack([
+        np.full(len(trials), 4.0), rho / 4.0, rho / 5.0, rho, floor, (floor + log_v) / 2])[measured.to_numpy()]
+    notes: list[str] = []
+    written, line = entropy_outputs(trials, 1.0, tmp_path, notes)
+    assert [p.name for p in written] == ["entropy_gap.csv", "entropy_gap.png"] and imread(written[1]).ndim == 3
+    rows = pd.read_csv(written[0]).set_index("trial")
+    assert set(rows.index) == set(trials["trial"][measured]) and "eq. 14" in line
+    assert notes == ["no measured entropy for 1 trial(s), left off entropy_gap: r1/small-b0-lr1e-05-s0"]
+    log_v = np.log(rows["vocab_size"].astype(float))
+    np.testing.assert_allclose(rows["floor_gap"], (log_v - rows["entropy_floor"]) / log_v, rtol=1e-12)
+    np.testing.assert_allclose(rows["entropy_gap"], rows["floor_gap"] / 2, rtol=1e-12)  # halfway to log |V|
+    assert rows["floor_gap"].between(0.05, 0.95).all()
+
+
+@pytest.mark.skipif(not set(ENTROPY_STATS) <= set(store.TRIAL_SCHEMA.names),
+                    reason="the store schema does not have the entropy-floor columns yet")
+def test_entropy_columns_written_to_the_store_reach_the_figure(synthetic_store, tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(synthetic_store, root, ignore=shutil.ignore_patterns("analysis"))
+    trial, row = next(iter(_stored_trials(root).query("family == 'small'").iterrows()))
+    stats = {"sigma_c": 3.0, "sigma_h_max": 0.01, "sigma_h_p999": 0.008, "rho": 0.03, "mean_entropy": 9.0,
+             "entropy_floor": float(entropy_floor(row["vocab_size"], row["hidden_size"], 0.03))}
+    store.write_trial(str(root), {k: v for k, v in row.to_dict().items() if k in store.TRIAL_SCHEMA.names
+                                  and not pd.isna(v)} | stats)
+    out = tmp_path / "out"
+    analyze(str(root), parse_filter("family=small,task=mmlu"), out, n_boot=5)
+    gap = pd.read_csv(out / "entropy_gap.csv")
+    assert list(gap["trial"]) == [trial] and gap.loc[0, "entropy_floor"] == stats["entropy_floor"]
