@@ -102,7 +102,8 @@ def write_ls_ts(frame: pd.DataFrame, n_boot: int, out: Path) -> list[Path]:
         for beta, row in by_beta[by_beta.index > 0].iterrows():
             rows.append([dataset, family, TASK_NAMES[task], f"{beta:g}", _shown(base, "ece"), _shown(row, "ece"),
                          _shown(base, "ece_ts"), _shown(row, "ece_ts"),
-                         " / ".join("n/a" if pd.isna(t) else f"{t:.3g}" for t in (base["temperature"], row["temperature"])),
+                         " / ".join("n/a" if pd.isna(t) else f"{t:.3g}"
+                                    for t in (base["temperature"], row["temperature"])),
                          f"{row['n_seeds']} / {base['n_seeds']}"])
     shown = pd.DataFrame(rows, columns=["SFT data", "family", "task", "beta", "neither (beta = 0)", "LS (beta)",
                                         "TS (beta = 0)", "LS + TS (beta)", "T (0 / beta)", "seeds (beta / 0)"])

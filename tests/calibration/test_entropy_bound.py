@@ -119,7 +119,8 @@ def test_floor_and_gap_move_as_the_paper_says():
     assert entropy_floor(262_144, 640, 50.0) == 0.0  # gamma underflows: no floor
 
 
-@pytest.mark.parametrize("args", [(1, 10, 1.0), (10, 0, 1.0), (10, 4, -1.0), (10, 4, np.inf), (np.array([4, 1]), 4, 1.0)])
+@pytest.mark.parametrize("args", [(1, 10, 1.0), (10, 0, 1.0), (10, 4, -1.0), (10, 4, np.inf),
+                                  (np.array([4, 1]), 4, 1.0)])
 def test_invalid_arguments_are_one_line_errors(args):
     with pytest.raises(ValueError, match="expected vocab_size >= 2"):
         entropy_floor(*args)

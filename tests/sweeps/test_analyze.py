@@ -181,11 +181,11 @@ def test_question_level_ece_matches_the_stored_ece(analysed, synthetic_store):
     out, _ = analysed
     intervals = pd.read_csv(out / "ece_intervals.csv")
     table = pd.read_csv(out / "table1.csv").set_index(["sft_dataset", "family", "label_smoothing"])
-    single = intervals.join(table[[f"{t}_ece" for t in SPLITS]],  # every cell: its trials share their questions
-                            on=["sft_dataset", "family", "label_smoothing"])
-    assert len(single) > 0 and (single["n_questions"] == N_QUESTIONS).all()
-    assert set(single["n_trials"]) == {1, 2} and (single["n_seeds"] == single["n_trials"]).all()
-    for row in single.itertuples():  # the held-out mmlu/val rows did not leak in; 2 seeds: Table 1's mean
+    cells = intervals.join(table[[f"{t}_ece" for t in SPLITS]],  # every cell's trials share their questions
+                           on=["sft_dataset", "family", "label_smoothing"])
+    assert len(cells) > 0 and (cells["n_questions"] == N_QUESTIONS).all()
+    assert set(cells["n_trials"]) == {1, 2} and (cells["n_seeds"] == cells["n_trials"]).all()
+    for row in cells.itertuples():  # the held-out mmlu/val rows did not leak in; 2 seeds: Table 1's mean
         assert row.ece == pytest.approx(getattr(row, f"{row.task}_ece"), rel=1e-12)
     assert (intervals["low"] <= intervals["high"]).all()
 
