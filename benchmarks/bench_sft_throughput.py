@@ -1,14 +1,28 @@
-"""SFT throughput of a trial: calsweep's loop (DeepSpeed ZeRO-2 + fused label-smoothed loss) vs Hugging Face Trainer.
+"""SFT throughput on N GPUs of one host: calsweep's trial loop vs the Hugging Face Trainer, same DeepSpeed stage,
+model shape, batch, data and beta, in one run.
 
-    python benchmarks/bench_sft_throughput.py --out throughput.json     # Trainer, calsweep eager and compiled
+    python benchmarks/bench_sft_throughput.py --out throughput.json                  # the default rows below
+    python benchmarks/bench_sft_throughput.py --rows 1b:1:0:4:random,1b:1:3:4:random --impls calsweep
 
-Model: Llama-3.2-1B-shaped (1.24B params, vocab 128256, tied embeddings), random init, bf16, sequence 2048,
-batch 4, beta 0.1, random tokens. Each implementation runs in its own process (clean peak-memory counters):
-``--warmup`` steps, then ``--steps`` timed optimiser steps. Reports tokens/s, MFU and peak allocated memory.
-calsweep runs its trial loop (trainable/worker.py): DeepSpeed engine, fused loss, torch's fused AdamW, and on
-CUDA each decoder layer under torch.compile (``calsweep_eager``: without, to show what compiling buys).
-MFU = tokens/s * (6 N + 12 L d T) / peak bf16 FLOP/s (989e12 for H100/H200 SXM dense), N = non-embedding params
-+ the LM head, as in the peers' anchor in ../shared/device/README.md.
+A row is ``shape:gpus:zero_stage:batch_per_gpu:data``; the defaults are the multi-GPU anchor's three rows and a
+real-data row: ``1b:1:0:4:random``, ``1b:2:3:4:random``, ``8b:2:3:2:random``, ``1b:2:3:4:alpaca``. Shapes: ``1b``
+Llama-3.2-1B (1.24B params, vocab 128,256, tied), ``8b`` Llama-3.1-8B (8.03B, untied); random init in bf16 on
+the GPU, SDPA attention, sequence ``--seq-len`` (2048). ``random``: one batch of random tokens, every token
+labelled. ``alpaca``: the project's SFT data path (``trainable.sft_data.build_sft_examples`` on Alpaca under
+``--data-dir`` with the ``--tokenizer`` family or folder, loss on responses only) in packed rows of
+``--seq-len`` tokens (``trainable.packing``), the same rows for every implementation. A row that needs more
+GPUs than the host has is listed as skipped.
+
+Each (row, implementation) runs under ``torchrun`` in its own processes (clean peak-memory counters):
+``--warmup`` optimiser steps, then ``--steps`` timed ones. Implementations:
+- ``hf_trainer``: ``Trainer`` + DeepSpeed (its "auto" ZeRO buckets), ``label_smoothing_factor``, fused AdamW.
+- ``calsweep_eager`` / ``calsweep``: the trial loop (``trainable.step_accounting.optimizer_step``: DeepSpeed
+  engine from ``trainable.deepspeed_setup``, fused label-smoothed loss, torch's fused AdamW) without / with the
+  trial's compilation (``trainable.compiled``, the CUDA default).
+Tokens/s count real (non-padding) tokens over all ranks, per GPU. For the Trainer they are counted as its data
+collator hands rows out (its loader runs one batch ahead at both ends of the timed window, so the counts shift
+and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embedding params + the LM head.
+Peak memory is the largest over the ranks. ``--ds`` merges JSON into calsweep's DeepSpeed config (knob trials).
 """
 
 from __future__ import annotations
@@ -16,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,36 +38,101 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PEAK_FLOPS = 989e12
-IMPLS = ("hf_trainer", "calsweep_eager", "calsweep")
-SHAPE = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-             num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0,
-             max_position_embeddings=2048, head_dim=64)
+IMPLS = ("hf_trainer", "calsweep_eager", "calsweep", "calsweep_engine_compile")
+DEFAULT_ROWS = "1b:1:0:4:random,1b:2:3:4:random,8b:2:3:2:random,1b:2:3:4:alpaca"
+SHAPES = {
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0,
+               max_position_embeddings=8192, head_dim=64),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=512),
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0,
+               max_position_embeddings=8192, head_dim=128),
+}
+DATA = ("random", "alpaca")
 
 
-def _model(dtype):
+def parse_row(text: str) -> dict:
+    """``shape:gpus:zero:batch:data`` -> a dict; a bad row raises ValueError naming it and the format."""
+    parts = text.split(":")
+    try:
+        shape, gpus, zero, batch, data = parts
+        row = dict(shape=shape, gpus=int(gpus), zero=int(zero), batch=int(batch), data=data)
+    except ValueError:
+        raise ValueError(f"expected a row like 1b:2:3:4:random (shape:gpus:zero_stage:batch_per_gpu:data), "
+                         f"got {text!r}") from None
+    if shape not in SHAPES or data not in DATA or row["zero"] not in (0, 1, 2, 3) or row["gpus"] < 1:
+        raise ValueError(f"expected shape in {sorted(SHAPES)}, gpus >= 1, zero stage 0-3 and data in {DATA}, "
+                         f"got {text!r}")
+    return row
+
+
+def row_name(row: dict) -> str:
+    return f"{row['shape']}:{row['gpus']}:{row['zero']}:{row['batch']}:{row['data']}"
+
+
+# ---------------------------------------------------------------- inside torchrun: one rank of one measurement
+
+def _device():
+    """This rank's GPU, or the CPU where there is none (the CPU test of this script: gloo, float32)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _model(shape: str, device):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", **SHAPE, attn_implementation="sdpa")
-    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    config = AutoConfig.for_model("llama", **SHAPES[shape], attn_implementation="sdpa")
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
-def _flops_per_token(model, seq_len: int) -> float:
+def _flops_per_token(model, shape: str, seq_len: int) -> float:
     embedding = model.get_input_embeddings().weight.numel()
     n = sum(p.numel() for p in model.parameters()) - embedding + model.get_output_embeddings().weight.numel()
-    return 6 * n + 12 * SHAPE["num_hidden_layers"] * SHAPE["hidden_size"] * seq_len
+    return 6 * n + 12 * SHAPES[shape]["num_hidden_layers"] * SHAPES[shape]["hidden_size"] * seq_len
 
 
-def _batch(args, device):
+def _rows_of_data(args, row: dict, rank: int, world: int):
+    """An endless iterator of this rank's micro-batches (dicts of CPU tensors with an attention_mask that marks
+    real tokens) and, for the Trainer, the list of every row of one epoch."""
+    import itertools
+
     import torch
 
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, SHAPE["vocab_size"], (args.batch, args.seq_len), generator=g).to(device)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    if row["data"] == "random":
+        g = torch.Generator().manual_seed(1 + rank)
+        ids = torch.randint(0, SHAPES[row["shape"]]["vocab_size"], (row["batch"], args.seq_len), generator=g)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+        return itertools.repeat(batch), [{k: v[i] for k, v in batch.items()} for i in range(row["batch"])]
+    from trainable.config import SFTConfig
+    from trainable.models import load_tokenizer, resolve_model
+    from trainable.packing import collate_packed, epoch_rows, iterate_packed_batches
+    from trainable.sft_data import build_sft_examples
+
+    tokenizer = load_tokenizer(resolve_model(args.tokenizer))
+    examples = build_sft_examples(SFTConfig(dataset="alpaca", max_seq_len=args.seq_len), tokenizer, 0, args.data_dir)
+    batches = iterate_packed_batches(examples, row["batch"], args.seq_len, tokenizer.pad_token_id, 0, rank, world)
+    rows = epoch_rows(examples, args.seq_len, 0, 0)
+    every_row = collate_packed(examples, rows, args.seq_len, tokenizer.pad_token_id)
+    return batches, [{k: v[i] for k, v in every_row.items()} for i in range(len(rows))]
 
 
-def run_calsweep(args) -> dict:
+def run_calsweep(args, row: dict, impl: str) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -62,47 +140,53 @@ def run_calsweep(args) -> dict:
     from trainable.config import TrainConfig
     from trainable.deepspeed_setup import build_engine
     from trainable.lm_head import CausalLMWithFusedLoss
+    from trainable.step_accounting import global_mean_loss, optimizer_step
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    device = torch.device("cuda")
-    model = _model(torch.float32)
-    flops = _flops_per_token(model, args.seq_len)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = _device()
+    model = _model(row["shape"], device)
+    flops = _flops_per_token(model, row["shape"], args.seq_len)
     wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
-    train = TrainConfig(max_steps=args.warmup + args.steps, micro_batch_size=args.batch, precision="bf16",
-                        zero_stage=args.zero_stage, warmup_ratio=0.0, compile=args.impl == "calsweep")
-    engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, 1)
-    batch = _batch(args, device)
+    train = TrainConfig(max_steps=args.warmup + args.steps, micro_batch_size=row["batch"], precision="auto",
+                        zero_stage=row["zero"], warmup_ratio=0.0, compile=impl == "calsweep",
+                        deepspeed=json.loads(args.ds) if args.ds else {})
+    engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world)
+    if impl == "calsweep_engine_compile":  # DeepSpeed's own torch.compile of the whole module (ZeRO-3 aware hooks)
+        engine.compile()
+    batches, _ = _rows_of_data(args, row, rank, world)
+    tokens = [0]
 
-    def step() -> torch.Tensor:  # the trial loop's micro-step (trainable/worker.py)
-        loss = engine(**batch)
-        engine.backward(loss)
-        engine.step()
-        return loss
+    def step() -> float:
+        micro = [next(batches)]
+        tokens[0] += int(micro[0]["attention_mask"].sum())
+        return global_mean_loss(optimizer_step(engine, micro, device, world), 1, world)
 
     with compiled_decoder_layers(model, compile_wanted(train.compile, device)) as compiled:
-        torch.cuda.reset_peak_memory_stats()
         for _ in range(args.warmup):
             step()
-        torch.cuda.synchronize()
-        started = time.perf_counter()
+        _sync(device)
+        started, tokens[0] = time.perf_counter(), 0
         for _ in range(args.steps):
             loss = step()
-        torch.cuda.synchronize()
+        _sync_end(device)
         seconds = time.perf_counter() - started
-        name = f"calsweep (DeepSpeed ZeRO-{args.zero_stage}, fused LS-CE{', compiled layers' if compiled else ''})"
-        result = _result(name, args, seconds, flops, float(loss))
-        if args.profile:
+        how = ", compiled layers" if compiled else ", engine.compile()" if impl == "calsweep_engine_compile" else ""
+        name = f"calsweep (ZeRO-{row['zero']}, fused LS-CE{how})"
+        result = _result(name, args, row, seconds, flops, loss, tokens[0])
+        if args.profile and rank == 0:
             _profile(step, args.profile, args.trace)
     return result
 
 
+def _sync_end(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _profile(step, steps: int, trace: str | None) -> None:
-    """Print the CUDA-time table of ``steps`` more steps (after the timed ones, so timing is unaffected);
-    with ``trace`` also write their Chrome trace there (gzip when the name ends in .gz)."""
+    """Print the CUDA-time table of ``steps`` more steps (after the timed ones); with ``trace`` write the trace."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -115,95 +199,195 @@ def _profile(step, steps: int, trace: str | None) -> None:
         prof.export_chrome_trace(trace)
 
 
-def run_hf_trainer(args) -> dict:
+def run_hf_trainer(args, row: dict) -> dict:
     import torch
+    import torch.distributed as dist
     from torch.utils.data import Dataset
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    class Repeated(Dataset):
-        def __init__(self, item, n):
-            self.item, self.n = item, n
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = _device()
+    total = args.warmup + args.steps
+    _, every_row = _rows_of_data(args, row, rank, world)
 
+    class Rows(Dataset):
         def __len__(self):
-            return self.n
+            return row["batch"] * world * (total + 2)
 
         def __getitem__(self, index):
-            return {k: v[index % v.shape[0]] for k, v in self.item.items()}
+            return every_row[index % len(every_row)]
+
+    class CountingCollator:
+        """Stacks rows for the model (packed rows: no attention mask, positions mark the examples) and counts
+        the real tokens it has handed out."""
+        tokens = 0
+
+        def __call__(self, items):
+            self.tokens += int(sum(int(item["attention_mask"].sum()) for item in items))
+            keys = ("input_ids", "labels", "position_ids") if "position_ids" in items[0] else \
+                ("input_ids", "labels", "attention_mask")
+            return {k: torch.stack([item[k] for item in items]) for k in keys}
 
     class Clock(TrainerCallback):
-        def __init__(self):
-            self.started = None
+        started = tokens_at_start = None
 
         def on_step_begin(self, targs, state, control, **kwargs):
             if state.global_step == args.warmup:
-                torch.cuda.synchronize()
-                self.started = time.perf_counter()
+                _sync(device)
+                self.started, self.tokens_at_start = time.perf_counter(), collator.tokens
 
-    model = _model(torch.float32)
-    flops = _flops_per_token(model, args.seq_len)
-    clock = Clock()
-    total = args.warmup + args.steps
-    targs = TrainingArguments(output_dir="/tmp/hf_trainer_bench", per_device_train_batch_size=args.batch,
-                              max_steps=total, bf16=True, label_smoothing_factor=args.beta, optim="adamw_torch_fused",
+    model = _model(row["shape"], device)
+    flops = _flops_per_token(model, row["shape"], args.seq_len)
+    collator, clock = CountingCollator(), Clock()
+    ds_config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                 "train_batch_size": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+                 "zero_optimization": {"stage": row["zero"], "overlap_comm": True, "contiguous_gradients": True,
+                                       "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                       "stage3_param_persistence_threshold": "auto"}}
+    targs = TrainingArguments(output_dir="/tmp/hf_trainer_bench", per_device_train_batch_size=row["batch"],
+                              max_steps=total, bf16=device.type == "cuda", label_smoothing_factor=args.beta,
+                              optim="adamw_torch_fused" if device.type == "cuda" else "adamw_torch", use_cpu=device.type == "cpu",
                               learning_rate=1e-5, lr_scheduler_type="constant", logging_steps=10**6,
-                              save_strategy="no", report_to=[], dataloader_num_workers=0, seed=0)
-    data = Repeated({k: v.cpu() for k, v in _batch(args, "cpu").items()}, args.batch * total)
-    trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[clock])
-    torch.cuda.reset_peak_memory_stats()
+                              save_strategy="no", report_to=[], dataloader_num_workers=0, seed=0,
+                              deepspeed=ds_config, remove_unused_columns=False)
+    trainer = Trainer(model=model, args=targs, train_dataset=Rows(), data_collator=collator, callbacks=[clock])
     output = trainer.train()
-    torch.cuda.synchronize()
+    _sync_end(device)
     seconds = time.perf_counter() - clock.started
-    return _result("Hugging Face Trainer (label_smoothing_factor)", args, seconds, flops, float(output.training_loss))
+    return _result("Hugging Face Trainer + DeepSpeed (label_smoothing_factor)", args, row, seconds, flops,
+                   float(output.training_loss), collator.tokens - clock.tokens_at_start)
 
 
-def _result(name: str, args, seconds: float, flops_per_token: float, loss: float) -> dict:
+def _result(name: str, args, row: dict, seconds: float, flops_per_token: float, loss: float, tokens: int) -> dict:
     import torch
+    import torch.distributed as dist
 
-    tokens_per_s = args.steps * args.batch * args.seq_len / seconds
-    return {"impl": name, "tokens_per_s": tokens_per_s, "mfu": tokens_per_s * flops_per_token / PEAK_FLOPS,
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "step_ms": 1000 * seconds / args.steps,
-            "last_loss": loss, "device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-            "batch": args.batch, "seq_len": args.seq_len, "beta": args.beta, "steps": args.steps}
+    device = _device()
+    peak_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    totals = torch.tensor([float(tokens), peak_bytes / 2**30], device=device)
+    peak = totals[1:].clone()
+    dist.all_reduce(totals[:1])
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    per_gpu = float(totals[0]) / seconds / row["gpus"]
+    return {"impl": name, "row": row_name(row), **row, "tokens_per_s_per_gpu": per_gpu,
+            "mfu": per_gpu * flops_per_token / PEAK_FLOPS, "peak_gib": float(peak[0]),
+            "step_ms": 1000 * seconds / args.steps, "last_loss": loss, "seq_len": args.seq_len, "beta": args.beta,
+            "steps": args.steps, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "date": time.strftime("%Y-%m-%d"),
+            "versions": _versions()}
 
 
-def main() -> None:
+def _versions() -> dict[str, str]:
+    import deepspeed
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__}
+
+
+def worker(args) -> None:
+    """One rank of one (row, implementation) under torchrun; rank 0 writes the JSON result."""
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    row = parse_row(args.row)
+    result = run_hf_trainer(args, row) if args.impl == "hf_trainer" else run_calsweep(args, row, args.impl)
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- the driver: every row x implementation
+
+def _launch(args, row: dict, impl: str, part: Path) -> dict:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={row['gpus']}",
+               __file__, "--worker", "--impl", impl, "--row", row_name(row), "--out", str(part)] + \
+        [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+         if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir") and v]
+    completed = subprocess.run(command, text=True)
+    if completed.returncode == 0 and part.exists():
+        return json.loads(part.read_text())
+    return {"impl": impl, "row": row_name(row), **row, "error": f"exit code {completed.returncode}"}
+
+
+def table(results: list[dict]) -> str:
+    """Rows x implementations: tokens/s per GPU, MFU, peak GiB, step ms, against the Trainer of the same row,
+    against the same implementation's one-GPU random row of the shape, and (real-data rows) against the same
+    implementation's random row of the same shape, GPUs, stage and batch."""
+    lines = [f"{'row':<20} {'implementation':<52} {'tok/s/GPU':>10} {'MFU':>6} {'peak GiB':>8} {'step ms':>8} "
+             f"{'vs Trainer':>10} {'vs 1 GPU':>8} {'vs random':>9}"]
+    trainer = {r["row"]: r["tokens_per_s_per_gpu"] for r in results
+               if "error" not in r and r["impl"].startswith("Hugging Face")}
+    single = {(r["shape"], r["impl"]): r["tokens_per_s_per_gpu"] for r in results
+              if "error" not in r and r["gpus"] == 1 and r["data"] == "random"}
+    random_rows = {(r["shape"], r["gpus"], r["zero"], r["batch"], r["impl"]): r["tokens_per_s_per_gpu"]
+                   for r in results if "error" not in r and r["data"] == "random"}
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['row']:<20} {r['impl']:<52} {r['error']}")
+            continue
+        ratio = f"{r['tokens_per_s_per_gpu'] / trainer[r['row']]:.2f}x" if r["row"] in trainer else "-"
+        own = single.get((r["shape"], r["impl"]))
+        scaling = f"{r['tokens_per_s_per_gpu'] / own:.2f}x" if own and r["gpus"] > 1 else "-"
+        same_random = random_rows.get((r["shape"], r["gpus"], r["zero"], r["batch"], r["impl"]))
+        real = f"{r['tokens_per_s_per_gpu'] / same_random:.2f}x" if same_random and r["data"] != "random" else "-"
+        lines.append(f"{r['row']:<20} {r['impl']:<52} {r['tokens_per_s_per_gpu']:>10,.0f} {100 * r['mfu']:>5.1f}% "
+                     f"{r['peak_gib']:>8.1f} {r['step_ms']:>8.1f} {ratio:>10} {scaling:>8} {real:>9}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impl", choices=["all"] + list(IMPLS), default="all",
-                        help="calsweep: the trial loop as on CUDA (decoder layers compiled); calsweep_eager: without")
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--rows", default=DEFAULT_ROWS, help="comma-separated shape:gpus:zero:batch:data")
+    parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {IMPLS}")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--zero-stage", type=int, default=2)
-    parser.add_argument("--profile", type=int, default=0,
-                        help="calsweep: profile this many extra steps, print the table")
-    parser.add_argument("--trace", default=None, help="with --profile: write the Chrome trace here (.json or .json.gz)")
+    parser.add_argument("--tokenizer", default="smollm2-135m", help="alpaca rows: a family name or tokenizer folder")
+    parser.add_argument("--data-dir", default=os.environ.get("CALSWEEP_DATA_DIR"),
+                        help="alpaca rows: data root holding alpaca/ (default $CALSWEEP_DATA_DIR, else the hub)")
+    parser.add_argument("--ds", default=None, help="JSON merged into calsweep's DeepSpeed config")
+    parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps on rank 0")
+    parser.add_argument("--trace", default=None, help="with --profile: write the Chrome trace here")
     parser.add_argument("--out", default="sft_throughput.json")
-    args = parser.parse_args()
-    if args.impl != "all":
-        result = run_hf_trainer(args) if args.impl == "hf_trainer" else run_calsweep(args)
-        Path(args.out).write_text(json.dumps(result))
+    parser.add_argument("--cpu", action="store_true", help="without GPUs, run one-rank rows on the CPU (a check)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", help=argparse.SUPPRESS)
+    parser.add_argument("--row", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
         return
+    try:
+        rows = [parse_row(text) for text in args.rows.split(",")]
+    except ValueError as exc:
+        parser.error(str(exc))
+    impls = args.impls.split(",")
+    unknown = [impl for impl in impls if impl not in IMPLS]
+    if unknown:
+        parser.error(f"expected --impls from {IMPLS}, got {unknown}")
+    import torch
+
+    available = torch.cuda.device_count() or (1 if args.cpu else 0)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     results = []
-    for impl in IMPLS:
-        part = Path(args.out).with_suffix(f".{impl}.json")
-        command = [sys.executable, __file__, "--impl", impl, "--out", str(part)] + \
-            [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-             if k not in ("impl", "out") and v is not None]
-        completed = subprocess.run(command, text=True)
-        results.append(json.loads(part.read_text()) if completed.returncode == 0 and part.exists()
-                       else {"impl": impl, "error": f"exit code {completed.returncode}"})
-    trainer = results[0].get("tokens_per_s")
-    print(f"\n{'implementation':<56} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} {'step ms':>8} {'vs Trainer':>10}")
-    for r in results:
-        if "error" in r:
-            print(f"{r['impl']:<56} failed ({r['error']})")
-            continue
-        ratio = f"{r['tokens_per_s'] / trainer:.2f}x" if trainer else "-"
-        print(f"{r['impl']:<56} {r['tokens_per_s']:>10,.0f} {100 * r['mfu']:>6.1f}% {r['peak_gib']:>9.1f} "
-              f"{r['step_ms']:>8.1f} {ratio:>10}")
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    for row in rows:
+        for impl in impls:
+            if row["gpus"] > available:
+                results.append({"impl": impl, "row": row_name(row), **row,
+                                "error": f"skipped: needs {row['gpus']} GPUs, this host has {available}"})
+                continue
+            part = Path(args.out).with_suffix(f".{row_name(row).replace(':', '_')}.{impl}.json")
+            results.append(_launch(args, row, impl, part))
+            Path(args.out).write_text(json.dumps(results, indent=1))  # partial results survive a later failure
+    print("\n" + table(results))
 
 
 if __name__ == "__main__":

@@ -22,19 +22,32 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def deepspeed_config(train: TrainConfig, precision: str, world_size: int) -> dict[str, Any]:
+def zero3_buckets(hidden_size: int) -> dict[str, Any]:
+    """ZeRO-3 bucket sizes scaled to the model width h (the rule the Hugging Face integration fills "auto" with):
+    gradient reduce buckets h^2 elements, parameter prefetch 0.9 h^2, parameters under 10 h elements kept
+    whole on every rank (norms, biases: gathering them costs more than holding them), communication overlapped."""
+    return {"reduce_bucket_size": hidden_size * hidden_size,
+            "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+            "stage3_param_persistence_threshold": 10 * hidden_size,
+            "overlap_comm": True, "contiguous_gradients": True}
+
+
+def deepspeed_config(train: TrainConfig, precision: str, world_size: int,
+                     hidden_size: int | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON config; ``train.deepspeed`` entries are merged in last (researcher overrides).
 
     Two defaults keep the host from waiting on the GPU every step: the throughput timer (two device
     synchronisations per step) is off, and bf16 skips ZeRO's overflow check (a per-parameter inf/nan scan read
-    back on the host; bf16 has float32's range, and a non-finite loss still stops the trial).
+    back on the host; bf16 has float32's range, and a non-finite loss still stops the trial). Under ZeRO-3
+    with a known ``hidden_size`` the buckets follow ``zero3_buckets``.
     """
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.gradient_accumulation_steps,
         "train_batch_size": train.micro_batch_size * train.gradient_accumulation_steps * world_size,
         "gradient_clipping": train.max_grad_norm,
-        "zero_optimization": {"stage": train.zero_stage},
+        "zero_optimization": {"stage": train.zero_stage,
+                              **(zero3_buckets(hidden_size) if train.zero_stage == 3 and hidden_size else {})},
         "bf16": {"enabled": precision == "bf16", "check_grad_overflow": False},
         "fp16": {"enabled": precision == "fp16"},
         "steps_per_print": 10**9,
@@ -84,6 +97,14 @@ def sanitize_cuda_arch_list() -> None:
                                                       if part)
 
 
+def _hidden_size(module: torch.nn.Module) -> int | None:
+    """The width of the (wrapped) Hugging Face model inside ``module``, if it has one."""
+    model = getattr(module, "model", module)
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(config, "hidden_size", None)
+
+
 def build_engine(module: torch.nn.Module, train: TrainConfig, learning_rate: float, total_steps: int,
                  device: torch.device, world_size: int):
     """(engine, precision) for ``module``; torch.distributed must already be initialised (Ray Train does it)."""
@@ -95,7 +116,7 @@ def build_engine(module: torch.nn.Module, train: TrainConfig, learning_rate: flo
     precision = resolve_precision(train.precision, device)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     warmup = int(train.warmup_ratio * total_steps)
-    config = deepspeed_config(train, precision, world_size)
+    config = deepspeed_config(train, precision, world_size, _hidden_size(module))
     parameters = [p for p in module.parameters() if p.requires_grad]
     optimizer = None if "optimizer" in config else adamw(parameters, train, learning_rate, device)
     engine, _, _, _ = deepspeed.initialize(

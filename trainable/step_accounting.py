@@ -38,6 +38,21 @@ def global_mean_loss(summed_micro_losses: torch.Tensor, accumulation: int, world
     return float(_all_reduce(summed_micro_losses.detach().clone(), world_size)) / (accumulation * world_size)
 
 
+def optimizer_step(engine, micro_batches: Sequence[dict[str, torch.Tensor]], device: torch.device,
+                   world_size: int) -> torch.Tensor:
+    """One optimiser step through a DeepSpeed engine: forward, backward and ``engine.step()`` per micro-batch
+    (DeepSpeed steps the optimiser at the last), each loss divided by ``step_loss_divisor``; returns this
+    rank's sum of the micro-batch losses, on the device (``global_mean_loss`` turns it into the step's loss)."""
+    divisor = step_loss_divisor(micro_batches, device, world_size)
+    summed = torch.zeros((), device=device)
+    for batch in micro_batches:
+        loss = engine(**{k: v.to(device, non_blocking=True) for k, v in batch.items()}, loss_divisor=divisor)
+        engine.backward(loss)
+        engine.step()
+        summed += loss.detach()
+    return summed
+
+
 def warmup_step_count(total_steps: int) -> int:
     """Steps counted as warm-up (compilation, allocator growth): 10% of the steps, 1 to 10, leaving one steady."""
     return max(1, min(10, math.ceil(0.1 * total_steps), total_steps - 1))

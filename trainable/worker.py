@@ -27,7 +27,7 @@ from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
-from trainable.step_accounting import StepClock, global_mean_loss, step_loss_divisor, warmup_step_count
+from trainable.step_accounting import StepClock, global_mean_loss, optimizer_step, warmup_step_count
 from trainable.zero3_scoring import scoring_model
 
 
@@ -136,15 +136,9 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     with attention.context(), compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
         for step in range(1, total_steps + 1):
             micro_batches = [next(batches) for _ in range(accumulation)]
-            divisor = step_loss_divisor(micro_batches, device, world_size)
-            summed = torch.zeros((), device=device)  # on the device: one host sync per optimiser step
-            for batch in micro_batches:
-                clock.tokens += int(batch["attention_mask"].sum())
-                loss = engine(**{k: v.to(device, non_blocking=True) for k, v in batch.items()}, loss_divisor=divisor)
-                engine.backward(loss)
-                engine.step()
-                summed += loss.detach()
-            step_loss = global_mean_loss(summed, accumulation, world_size)
+            clock.tokens += sum(int(batch["attention_mask"].sum()) for batch in micro_batches)
+            summed = optimizer_step(engine, micro_batches, device, world_size)
+            step_loss = global_mean_loss(summed, accumulation, world_size)  # the step's one host sync
             if not math.isfinite(step_loss):
                 raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
                                          f"expected a finite loss (lower the learning rate {trial.learning_rate})")

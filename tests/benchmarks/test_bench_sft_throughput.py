@@ -1,0 +1,46 @@
+"""The throughput benchmark's rows, table and one real run of its CPU path (the GPU numbers need GPUs)."""
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bench(benchmark_script):
+    return benchmark_script("bench_sft_throughput")
+
+
+def test_rows_parse_and_bad_rows_name_the_format(bench):
+    assert bench.parse_row("8b:2:3:2:random") == dict(shape="8b", gpus=2, zero=3, batch=2, data="random")
+    for bad in ("8b:2:3:2", "7b:2:3:2:random", "1b:2:4:2:random", "1b:x:3:2:random"):
+        with pytest.raises(ValueError, match="1b:2:3:4:random|expected shape"):
+            bench.parse_row(bad)
+
+
+def test_table_compares_with_the_trainer_the_single_gpu_row_and_random_data(bench):
+    def result(impl, row, rate):
+        return {"impl": impl, "row": row, **bench.parse_row(row), "tokens_per_s_per_gpu": rate, "mfu": 0.3,
+                "peak_gib": 30.0, "step_ms": 200.0}
+    text = bench.table([result("calsweep", "1b:1:0:4:random", 40000.0),
+                        result("Hugging Face Trainer", "1b:2:3:4:random", 30000.0),
+                        result("calsweep", "1b:2:3:4:random", 39000.0),
+                        result("calsweep", "1b:2:3:4:alpaca", 35100.0),
+                        {"impl": "calsweep", "row": "8b:2:3:2:random", "error": "skipped: needs 2 GPUs"}])
+    lines = text.splitlines()
+    assert lines[3].split()[-3:] == ["1.30x", "0.97x", "-"]  # vs Trainer, vs its own 1-GPU row
+    assert lines[4].split()[-1] == "0.90x"  # Alpaca against random tokens, same row otherwise
+    assert "skipped: needs 2 GPUs" in lines[5]
+
+
+@pytest.mark.slow
+def test_cpu_run_of_the_trial_loop_and_the_trainer_on_packed_alpaca(bench, data_dir, tmp_path):
+    """Both implementations through torchrun on one CPU rank, the real SFT path, packed rows, ZeRO-3."""
+    out = tmp_path / "throughput.json"
+    bench.main(["--cpu", "--rows", "tiny:1:3:2:alpaca", "--impls", "calsweep_eager,hf_trainer", "--seq-len", "128",
+                "--steps", "2", "--warmup", "1", "--data-dir", data_dir, "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert [r.get("error") for r in results] == [None, None]
+    for r in results:
+        # 2 steps of 2 packed rows of 128 tokens: most of the 512 slots hold real tokens
+        assert r["tokens_per_s_per_gpu"] > 0 and r["data"] == "alpaca" and r["zero"] == 3
+        assert r["last_loss"] > 0
