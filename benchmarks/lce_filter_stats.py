@@ -9,6 +9,9 @@ exp(tile max of the non-target logits - smallest LSE of the row block) bounds ev
 - loose@m: the same rule with budget m instead (what other budgets would give);
 - loose-tile-lse: the loose rule on a tighter bound, exp(max over rows of the tile's log-sum-exp - smallest LSE),
   which a forward storing each tile's row log-sum-exp could use (not implemented);
+- exact-row, loose-row: the exact and loose rules with P_t = max over the block's rows r of exp(the row's
+  tile max - LSE_r), normalised per row instead of by the smallest LSE of the block;
+- loose-row-tile-lse: the loose rule on max over rows of the tile's true mass (the tightest per-tile bound);
 - cce: Cut Cross-Entropy's rule, every non-target probability of the tile < 2^-12 (no mass bound).
 Each is also measured with the vocabulary sorted by mean logit over the batch (C @ mean_i E_i, descending): the
 order a kernel could compute in its forward with one GEMV, so that likely tokens share tiles.
@@ -62,11 +65,15 @@ def block_rules(z: torch.Tensor, targets: torch.Tensor, vocab: int) -> tuple[dic
     log_p = (row_max.amax(dim=0) - min_lse).double()
     bound = width * log_p.exp()
     tile_lse_bound = (row_tile_lse.amax(dim=0) - min_lse).double().exp()
+    row_log_p = (row_max - lse[:, None]).amax(dim=0).double()  # per-row normalised: max_r log p of the tile
     rules = {
         "exact": log_p < math.log(backward.FILTER_MASS / vocab),
         "loose": _greedy_skip(bound, backward.LOOSE_MASS),
         **{f"loose@2^{int(math.log2(m))}": _greedy_skip(bound, m) for m in OTHER_BUDGETS},
         "loose-tile-lse": _greedy_skip(tile_lse_bound, backward.LOOSE_MASS),
+        "exact-row": row_log_p < math.log(backward.FILTER_MASS / vocab),
+        "loose-row": _greedy_skip(width * row_log_p.exp(), backward.LOOSE_MASS),
+        "loose-row-tile-lse": _greedy_skip((row_tile_lse - lse[:, None]).amax(dim=0).double().exp(), backward.LOOSE_MASS),
         "cce": (row_max - lse[:, None]).amax(dim=0) < math.log(CCE_EPS),
     }
     return rules, mass
