@@ -25,6 +25,7 @@ from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.config import TrialConfig
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
+from trainable.node_setup import compile_cache_counts, prepare_node
 from trainable.packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 from trainable.step_accounting import StepClock, global_mean_loss, optimizer_step, warmup_step_count
@@ -89,12 +90,13 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     from sweeps.store import write_questions
 
     started = time.time()
+    prepare_node(cache_dir(), device)  # compiled graphs shared by the node's trials; no DeepSpeed op built
     seed_everything(trial.seed)
     spec = resolve_model(trial.family, trial.custom_specs())
     tokenizer = load_tokenizer(spec, trial.custom_specs())
-    model = load_model(spec, seed=trial.seed, **_dropout_overrides(trial.train.dropout))
+    model = load_model(spec, seed=trial.seed, device=device, **_dropout_overrides(trial.train.dropout))
     facts = model_facts(model)
-    examples = build_sft_examples(trial.sft, tokenizer, trial.seed, trial.data_dir)
+    examples = build_sft_examples(trial.sft, tokenizer, trial.seed, trial.data_dir, cache=cache_dir() / "sft")
     held_out = examples[len(examples) - trial.train.val_examples:] if trial.train.val_examples else []
     examples = examples[: len(examples) - len(held_out)]
     if not examples:
@@ -184,7 +186,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         **{f"model_{k}": v for k, v in facts.items()},
         "model_source": spec.source, "model_location": spec.location,
         "wall_load_s": load_s, "wall_train_s": train_s, "wall_eval_s": eval_s,
-        "wall_total_s": time.time() - started,
+        "wall_total_s": time.time() - started, **compile_cache_counts(),
     }
     for task, metrics in summary.items():
         final.update({f"{task}_{name}": float(value) for name, value in metrics.items()})
