@@ -15,6 +15,10 @@ tokens of every assistant turn (its content and end-of-turn marker) and is -100 
   labelled.
 The whole text is tokenised once and tokens are labelled by their character offsets, so the ids are those
 the tokenizer gives the rendered conversation (no per-segment tokenisation artefacts).
+
+``build_sft_examples(..., cache=DIR)`` keeps its result in ``DIR/<key>.pkl`` (``calibration.disk_cache``: atomic,
+an unreadable file is rebuilt), so the trials of a node tokenise each (family, data, SFT config, seed) once; the
+key is ``sft_cache_key``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import torch
 from jinja2 import TemplateError
 
 from calibration.datasource import DataSourceError, load_hub_dataset, resolve_data_dir
+from calibration.disk_cache import cache_key, cached_pickle, file_sha256
+from calibration.plan_cache import tokenizer_fingerprint
 from trainable.config import SFTConfig
 
 IGNORE_INDEX = -100
@@ -134,18 +140,29 @@ def _read_local(path: Path) -> tuple[list[Any], Callable[[int], str]]:
     return rows, lambda i: f"{path}: row {i + 1}"
 
 
+def _local_path(config: SFTConfig, data_dir: str | None) -> Path | None:
+    """``<data root>/<local_file>`` when a data root is set (it must exist), else None (the hub)."""
+    root = resolve_data_dir(data_dir)
+    if root is None:
+        return None
+    path = root / config.local_file
+    if not path.is_file():
+        raise DataSourceError(f"SFT data file {str(path)!r} does not exist; expected a {config.dataset} "
+                              f"JSON or JSONL file under the data root {str(root)!r}")
+    return path
+
+
+def _hub_rows(config: SFTConfig) -> Any:
+    return load_hub_dataset(config.hub_id, name=None, split="train",
+                            local_hint=f"{config.local_file} ({config.dataset} JSON or JSONL)")
+
+
 def _rows(config: SFTConfig, data_dir: str | None) -> tuple[Sequence[Any], Callable[[int], str]]:
     """Raw rows (a list, or a lazily indexed hub dataset) and the origin of row ``i``."""
-    root = resolve_data_dir(data_dir)
-    if root is not None:
-        path = root / config.local_file
-        if not path.is_file():
-            raise DataSourceError(f"SFT data file {str(path)!r} does not exist; expected a {config.dataset} "
-                                  f"JSON or JSONL file under the data root {str(root)!r}")
+    path = _local_path(config, data_dir)
+    if path is not None:
         return _read_local(path)
-    dataset = load_hub_dataset(config.hub_id, name=None, split="train",
-                               local_hint=f"{config.local_file} ({config.dataset} JSON or JSONL)")
-    return dataset, lambda i: f"{config.hub_id}: row {i + 1}"
+    return _hub_rows(config), lambda i: f"{config.hub_id}: row {i + 1}"
 
 
 def load_conversations(config: SFTConfig, data_dir: str | None = None, seed: int | None = None) -> list[Conversation]:
@@ -258,12 +275,39 @@ def tokenize_conversation(conversation: Conversation, tokenizer, template: str,
     return {"input_ids": list(encoded["input_ids"]), "labels": labels}
 
 
-def build_sft_examples(config: SFTConfig, tokenizer, seed: int, data_dir: str | None = None) -> list[dict]:
-    """Tokenised examples in a seeded order; examples with no labelled token left (after position 0) are dropped."""
-    conversations = load_conversations(config, data_dir, seed=seed)
-    tokenized = [tokenize_conversation(c, tokenizer, config.prompt_template, config.max_seq_len)
-                 for c in conversations]
-    return [t for t in tokenized if any(label != IGNORE_INDEX for label in t["labels"][1:])]
+def sft_cache_key(config: SFTConfig, tokenizer, seed: int, data_dir: str | None, memo_dir: Path) -> str | None:
+    """sha256 over what decides ``build_sft_examples``' output: the tokenizer (``tokenizer_fingerprint`` and its
+    chat template), the data (the local file's sha256, memoised in ``memo_dir``; or the hub dataset's
+    fingerprint), the SFT config, the seed, this module's source and the transformers version (which renders chat
+    templates). None when the tokenizer or the hub dataset has no fingerprint (then nothing is cached)."""
+    import transformers
+
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    path = _local_path(config, data_dir)
+    data = file_sha256(path, memo_dir) if path is not None else getattr(_hub_rows(config), "_fingerprint", None)
+    if fingerprint is None or data is None:
+        return None
+    return cache_key(fingerprint, repr(getattr(tokenizer, "chat_template", None)), data,
+                     repr((config.dataset, config.hub_id if path is None else config.local_file, config.max_examples,
+                           config.max_seq_len, config.prompt_template, seed)),
+                     file_sha256(Path(__file__)), transformers.__version__)
+
+
+def build_sft_examples(config: SFTConfig, tokenizer, seed: int, data_dir: str | None = None,
+                       cache: str | Path | None = None) -> list[dict]:
+    """Tokenised examples in a seeded order; examples with no labelled token left (after position 0) are dropped.
+
+    With ``cache`` (a directory) the examples are read from ``<cache>/<sft_cache_key>.pkl`` when it holds them,
+    else built and stored there.
+    """
+    def build() -> list[dict]:
+        conversations = load_conversations(config, data_dir, seed=seed)
+        tokenized = [tokenize_conversation(c, tokenizer, config.prompt_template, config.max_seq_len)
+                     for c in conversations]
+        return [t for t in tokenized if any(label != IGNORE_INDEX for label in t["labels"][1:])]
+
+    key = sft_cache_key(config, tokenizer, seed, data_dir, Path(cache) / ".sha256") if cache is not None else None
+    return build() if key is None else cached_pickle(Path(cache) / f"{key}.pkl", build)
 
 
 def collate(batch: list[dict[str, list[int]]], pad_token_id: int, pad_to_multiple: int = 1) -> dict[str, torch.Tensor]:
