@@ -45,7 +45,7 @@ class AshaConfig:
 
     metric: str = "val_loss"
     mode: str = "min"
-    grace_period: int = 2  # reports before a trial can be stopped
+    grace_period: int = 2  # steps before a trial can be stopped
     reduction_factor: int = 2
     max_t: int | None = None  # steps after which ASHA stops a trial; null: the trials' steps + 1 (never cut short)
 

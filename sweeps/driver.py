@@ -75,17 +75,22 @@ class ChangedConfigError(RuntimeError):
     """A trial's stored ok row comes from another config, and re-running it was not asked for."""
 
 
-def already_done(sweep: SweepConfig, trial_id: str, config: dict[str, Any], rerun_changed: bool) -> bool:
-    """Whether the trial's stored row is ok and from the same config (so it is not run again); a stored ok row
-    from another config raises ``ChangedConfigError`` unless ``rerun_changed``."""
+def needs_run(sweep: SweepConfig, trial_id: str, config: dict[str, Any], rerun_changed: bool) -> bool:
+    """Whether to run the trial: not if its stored row is ok and from the same config. A stored ok row from another
+    config raises ``ChangedConfigError`` unless ``rerun_changed``. Before a run, the trial's stored row and
+    questions (failed, stopped, or of another config) are removed, so that any row found afterwards is this run's."""
     stored = store.stored_trial(sweep.results_dir, sweep.name, trial_id)
-    if stored is None or stored["status"] != "ok":
-        return False
-    changed = fingerprint.differences(json.loads(stored["config_json"] or "{}"), config)
-    if changed and not rerun_changed:
-        raise ChangedConfigError(f"trial {trial_id}: its stored ok row comes from another config "
-                                 f"({fingerprint.describe(changed)}); re-run with --rerun-changed")
-    return not changed
+    if stored is None:
+        return True
+    if stored["status"] == "ok":
+        changed = fingerprint.differences(json.loads(stored["config_json"] or "{}"), config)
+        if not changed:
+            return False
+        if not rerun_changed:
+            raise ChangedConfigError(f"trial {trial_id}: its stored ok row comes from another config "
+                                     f"({fingerprint.describe(changed)}); re-run with --rerun-changed")
+    store.remove_trial(sweep.results_dir, sweep.name, trial_id)
+    return True
 
 
 def trial_driver(params: dict[str, Any]) -> None:
@@ -99,7 +104,7 @@ def trial_driver(params: dict[str, Any]) -> None:
 
     sweep = sweep_from_dict(params["sweep"])
     trial = sweep.trial(sweep.point(params))
-    if already_done(sweep, trial.trial_id, trial.to_dict(), params.get("rerun_changed", False)):
+    if not needs_run(sweep, trial.trial_id, trial.to_dict(), params.get("rerun_changed", False)):
         ray.tune.report({"phase": "done", "resumed_from_store": True})
         return
     started = _now()

@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("assignments", nargs="*", metavar="KEY.SUB=VALUE",
                         help="config overrides, VALUE read as YAML, e.g. train.max_steps=100 eval.limit=null "
                              "seeds=[0,1,2]")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # KEY=VALUE overrides may come before, between or after options
 
 
 def _fail(message: str) -> "NoReturn":  # noqa: F821

@@ -166,6 +166,15 @@ def stored_trial(root: str, run_name: str, trial_id: str) -> dict[str, Any] | No
     return rows[0] if rows else None
 
 
+def remove_trial(root: str, run_name: str, trial_id: str) -> None:
+    """Delete a trial's row and per-question file (each a single atomic delete; absent files are fine)."""
+    fs, base = _filesystem(root)
+    for table_name in ("trials", "questions"):
+        path = f"{base}/{table_name}/{file_stem(run_name, trial_id)}.parquet"
+        if fs.get_file_info(path).type != pafs.FileType.NotFound:
+            fs.delete_file(path)
+
+
 def writable_problem(root: str) -> str | None:
     """Why the store cannot be written at ``root`` (one line), or None. A local root that does not exist yet is
     checked at its nearest existing parent, so checking creates nothing."""

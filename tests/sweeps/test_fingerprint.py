@@ -8,7 +8,7 @@ import pytest
 
 from sweeps import fingerprint, store
 from sweeps.config import load_sweep
-from sweeps.driver import ChangedConfigError, already_done
+from sweeps.driver import ChangedConfigError, needs_run
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
 
@@ -50,15 +50,18 @@ def test_driver_skips_the_same_config_refuses_another_and_reruns_it_on_request(t
     sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
     point, other = sweep.trial_points()
     trial = _store_trial(tmp_path, sweep, point)
-    assert already_done(sweep, trial.trial_id, trial.to_dict(), rerun_changed=False)
+    assert not needs_run(sweep, trial.trial_id, trial.to_dict(), rerun_changed=False)
     edited = load_sweep(TINY, {"results_dir": str(tmp_path)}, ["train.max_steps=5"])
     current = edited.trial(point)
     assert current.trial_id == trial.trial_id  # same point, same id: the stored row is checked, not bypassed
     with pytest.raises(ChangedConfigError, match="train.max_steps: stored 2, now 5.*--rerun-changed"):
-        already_done(edited, current.trial_id, current.to_dict(), rerun_changed=False)
-    assert not already_done(edited, current.trial_id, current.to_dict(), rerun_changed=True)
+        needs_run(edited, current.trial_id, current.to_dict(), rerun_changed=False)
+    assert store.stored_trial(str(tmp_path), "tiny", trial.trial_id)["status"] == "ok"  # refused: left as it was
+    assert needs_run(edited, current.trial_id, current.to_dict(), rerun_changed=True)
+    assert store.stored_trial(str(tmp_path), "tiny", trial.trial_id) is None  # the stale row makes way for the run
     failed = _store_trial(tmp_path, sweep, other, status="failed")
-    assert not already_done(sweep, failed.trial_id, failed.to_dict(), rerun_changed=False)
+    assert needs_run(sweep, failed.trial_id, failed.to_dict(), rerun_changed=False)
+    assert store.read_trials(str(tmp_path)).num_rows == 0
 
 
 def test_rows_of_an_older_store_without_newer_settings_still_match(tmp_path):
@@ -68,4 +71,4 @@ def test_rows_of_an_older_store_without_newer_settings_still_match(tmp_path):
     del old["train"]["val_every"], old["eval"]["temperature_scaling"]  # written before these settings existed
     old["train"]["retired_setting"] = 1  # and with one that no longer exists
     trial = _store_trial(tmp_path, sweep, point, config=old)
-    assert already_done(sweep, trial.trial_id, trial.to_dict(), rerun_changed=False)
+    assert not needs_run(sweep, trial.trial_id, trial.to_dict(), rerun_changed=False)

@@ -58,3 +58,15 @@ def test_empty_store_and_unknown_columns(tmp_path):
 
 def test_metric_columns_cover_every_task_metric():
     assert "hellaswag_rms_ce" in store.METRIC_COLUMNS and "arc_easy_ece_ts" in store.METRIC_COLUMNS
+
+
+def test_remove_trial_deletes_its_row_and_questions_only(tmp_path):
+    for trial in ("a", "b"):
+        store.write_trial(str(tmp_path), _row(trial))
+        store.write_questions(str(tmp_path), "r", trial, _records(2))
+    store.remove_trial(str(tmp_path), "r", "a")
+    store.remove_trial(str(tmp_path), "r", "missing")  # nothing to delete: fine
+    assert store.read_trials(str(tmp_path)).column("trial_id").to_pylist() == ["b"]
+    assert set(store.read_questions(str(tmp_path)).column("trial_id").to_pylist()) == {"b"}
+    assert store.stored_trial(str(tmp_path), "r", "b")["status"] == "ok"
+    assert store.stored_trial(str(tmp_path), "r", "a") is None
