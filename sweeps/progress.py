@@ -98,11 +98,11 @@ class TrialProgress(Callback):
             self._say(f"skip {trial}: already stored ok with this config")
             return
         self.durations.append(seconds)
-        scores = "  ".join(f"{task} acc {result[f'{task}_accuracy']:.3f} ece {result[f'{task}_ece']:.3f}"
-                           for task in TASKS if f"{task}_accuracy" in result)
-        status = "done" if "train_steps" in result else "stopped early"
-        self._say(f"{status} {trial} in {seconds:.0f} s  loss {result.get('train_loss', float('nan')):.4f}  "
-                  f"{scores}  sweep ETA {self._eta(time.time())}".rstrip())
+        parts = [f"{'done' if 'train_steps' in result else 'stopped early'} {trial} in {seconds:.0f} s",
+                 f"loss {result.get('train_loss', float('nan')):.4f}"]
+        parts += [f"{task} acc {result[f'{task}_accuracy']:.3f} ece {result[f'{task}_ece']:.3f}"
+                  for task in TASKS if f"{task}_accuracy" in result]
+        self._say("  ".join(parts + [f"sweep ETA {self._eta(time.time())}"]))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         from sweeps import store
