@@ -34,9 +34,9 @@ DRIVER_CPUS = 0.01  # a trial's Tune function only waits on its TorchTrainer
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python sweeps/launch.py",
-        description="Run a grid of SFT trials (model family x learning rate x label smoothing beta) with Ray Tune; "
-                    "each trial trains with DeepSpeed and the fused label-smoothed loss, then scores calibration "
-                    "(accuracy, ECE, RMS calibration error) on MMLU, ARC-Easy and HellaSwag.",
+        description="Run a grid of SFT trials (model family x learning rate x label smoothing beta x seed) with Ray "
+                    "Tune; each trial trains with DeepSpeed and the fused label-smoothed loss, then scores "
+                    "calibration (accuracy, ECE, RMS calibration error) on MMLU, ARC-Easy and HellaSwag.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=None,
                         help="sweep YAML (default: the packaged sweeps/configs/default.yaml: 2 PyPI models x 1 lr x "
