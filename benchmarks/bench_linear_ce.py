@@ -168,9 +168,12 @@ def measure(loss_fn: Loss, inputs: tuple[torch.Tensor, ...], device: str, warmup
 def active_share(inputs: tuple[torch.Tensor, ...], beta: float, filter: str) -> float:
     """Share of logit tiles our backward computes (the rest filtered), with the gradient of the mean loss."""
     hidden, weight, targets = inputs
-    _, lse, _, _, (*_, tile_max) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
-    g = torch.full_like(lse, 1.0 / targets.numel())
-    return backward.active_tiles(tile_max, lse, g, weight.shape[0], filter).float().mean().item()
+    _, lse, _, _, (_, _, _, tile_max, log_mass) = forward.triton_forward(hidden, weight, targets, beta, -100, None,
+                                                                        filter)
+    active = backward.active_tiles(tile_max, lse, torch.full_like(lse, 1.0 / targets.numel()), weight.shape[0])
+    if filter == "loose":
+        active = backward.loose_active_tiles(active, log_mass)
+    return active.float().mean().item()
 
 
 def loose_vs_exact(inputs: tuple[torch.Tensor, ...], beta: float) -> dict[str, float]:

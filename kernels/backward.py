@@ -2,19 +2,18 @@
 
 With g_i the upstream gradient, dloss_i/dz_iv = p_iv - (1 - beta)[v = y_i] - beta / V, split into
 1. softmax part g_i p_iv (v != y_i): recomputed per (row block, vocabulary tile) into a chunk of dZ, then
-   dC += dZ^T E and dE += dZ C. Gradient filtering skips tiles whose probabilities are negligible. For tile t
-   of a row block, P_t = exp(tile max from the forward - min LSE of the block's rows) bounds every non-target
-   probability of the tile, for every row of the block; w_t P_t (w_t its width) bounds the tile's mass.
-   - filter="exact" skips tiles with P_t < FILTER_MASS / V: every dropped probability is below that, so
-     the mass dropped per token is at most FILTER_MASS = 2^-10 and |change of dC_v| <= FILTER_MASS / V
-     sum_i g_i max|E|.
-   - filter="loose" skips, per row block, the tiles of smallest w_t P_t while their sum stays <= LOOSE_MASS:
-     the mass dropped per token is at most LOOSE_MASS, so |change of dE_i| <= LOOSE_MASS g_i max|C| and
-     sum_v |change of dC_v| <= LOOSE_MASS sum_i g_i max|E|. It skips every tile "exact" skips (their
-     bounds sum to at most FILTER_MASS <= LOOSE_MASS) and, on real hidden states, many more. Like Cut
-     Cross-Entropy's filter (every |dz| < 2^-12), it may zero the whole softmax gradient of a rare token's
-     row of C; unlike it, the dropped mass per token is bounded.
-   In both, |change of dE_i| <= (dropped mass) g_i max|C|.
+   dC += dZ^T E and dE += dZ C. Gradient filtering skips tiles whose probabilities are negligible:
+   - filter="exact": P_t = exp(tile max from the forward - min LSE of the block's rows) bounds every non-target
+     probability of the tile, for every row of the block; tiles with P_t < FILTER_MASS / V are skipped. Every
+     dropped probability is below that, so the mass dropped per token is at most FILTER_MASS = 2^-10,
+     |change of dE_i| <= FILTER_MASS g_i max|C| and |change of dC_v| <= FILTER_MASS / V sum_i g_i max|E|.
+   - filter="loose": M_t = max over the block's valid rows i of the tile's non-target mass sum_{v in t} p_iv
+     (from the forward's per-row tile log-sum-exp). Of the tiles "exact" keeps, those of smallest M_t are
+     skipped while their sum stays <= LOOSE_MASS - FILTER_MASS. So the mass dropped per token is at most
+     LOOSE_MASS = 2^-8: |change of dE_i| <= LOOSE_MASS g_i max|C|, sum_v |change of dC_v| <= LOOSE_MASS
+     sum_i g_i max|E|; it skips every tile "exact" skips. Like Cut Cross-Entropy's filter (every |dz| < 2^-12),
+     it may zero the whole softmax gradient of a rare token's row of C; unlike it, the dropped mass per token
+     is bounded.
 2. target column a_i = g_i (p_iy - (1 - beta)): dE_i += a_i C_{y_i}; dC_{y_i} += sum_{j: y_j = y_i} a_j E_j.
 3. uniform part -beta g_i / V (rank one): dE_i -= beta g_i mean_v C_v; dC_v -= (beta / V) sum_i g_i E_i.
 With softcap, every part is multiplied by dz/du = 1 - (z / s)^2; the uniform part is then no longer rank one,
@@ -289,22 +288,27 @@ def weighted_colsum(x: torch.Tensor, w: torch.Tensor | None = None) -> torch.Ten
     return out
 
 
-def active_tiles(tile_max: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, vocab: int, filter: str) -> torch.Tensor:
-    """(row blocks, vocabulary tiles) bool: the tiles the filter keeps (module docstring). Rows with g = 0 do
-    not count; the bound P_t of a tile is exp(tile max - smallest LSE of the block)."""
-    mass = FILTER_MASS if filter == "exact" else LOOSE_MASS
-    if mass <= 0.0:
+def active_tiles(tile_max: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(row blocks, vocabulary tiles) bool: the tiles filter="exact" keeps: False where every non-target
+    probability of the tile's rows with g != 0 is below FILTER_MASS / V, bounded by exp(tile max - smallest LSE
+    of the block)."""
+    if FILTER_MASS <= 0.0:
         return torch.ones_like(tile_max, dtype=torch.bool)
-    block_n, block_v = forward.TILES.block_n, forward.TILES.block_v
+    block_n = forward.TILES.block_n
     key = torch.where(g != 0, lse, float("inf"))
     key = torch.nn.functional.pad(key, (0, tile_max.shape[0] * block_n - key.numel()), value=float("inf"))
-    log_p = tile_max - key.view(-1, block_n).amin(dim=1)[:, None]
-    if filter == "exact":
-        return log_p >= math.log(mass / vocab)
-    starts = torch.arange(tile_max.shape[1], device=tile_max.device) * block_v
-    tile_mass = (vocab - starts).clamp(max=block_v) * log_p.double().exp()  # float64: the sum must not round down
-    order = tile_mass.argsort(dim=1)
-    keep_sorted = tile_mass.gather(1, order).cumsum(dim=1) > mass
+    min_lse = key.view(-1, block_n).amin(dim=1)
+    return tile_max - min_lse[:, None] >= math.log(FILTER_MASS / vocab)
+
+
+def loose_active_tiles(exact_active: torch.Tensor, tile_log_mass: torch.Tensor) -> torch.Tensor:
+    """The tiles filter="loose" keeps: of those `exact_active` keeps, per row block, all but the tiles of smallest
+    mass bound M_t = exp(tile_log_mass) while their sum stays <= LOOSE_MASS - FILTER_MASS."""
+    if LOOSE_MASS <= 0.0:
+        return torch.ones_like(exact_active)
+    mass = torch.where(exact_active, tile_log_mass.double().exp(), 0.0)  # float64: the sum must not round down
+    order = mass.argsort(dim=1)
+    keep_sorted = mass.gather(1, order).cumsum(dim=1) > LOOSE_MASS - max(FILTER_MASS, 0.0)
     return torch.empty_like(keep_sorted).scatter_(1, order, keep_sorted)
 
 
@@ -324,7 +328,7 @@ def triton_backward(
     need_hidden_grad: bool, need_weight_grad: bool,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dE, dC) of sum_i g_i loss_i; see the module docstring for the decomposition and the filters."""
-    lse, z_y, rest_prob, tile_max = saved
+    lse, z_y, rest_prob, tile_max, tile_log_mass = saved
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -353,7 +357,10 @@ def triton_backward(
     elif need_weight_grad:
         d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     if n > 0:
-        _softmax_part(hidden, weight, y, lse, g, gscale, tile_max, d_weight, d_hidden, acc_lo, beta, softcap, filter)
+        _softmax_part(
+            hidden, weight, y, lse, g, gscale, tile_max, tile_log_mass, d_weight, d_hidden, acc_lo, beta, softcap,
+            filter,
+        )
     if d_hidden is not None:
         cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
         out = d_hidden
@@ -377,8 +384,8 @@ def triton_backward(
 
 def _softmax_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-    gscale: torch.Tensor, tile_max: torch.Tensor, d_weight: torch.Tensor | None, acc: torch.Tensor | None,
-    acc_lo: torch.Tensor | None, beta: float, softcap: float | None, filter: str,
+    gscale: torch.Tensor, tile_max: torch.Tensor, tile_log_mass: torch.Tensor, d_weight: torch.Tensor | None,
+    acc: torch.Tensor | None, acc_lo: torch.Tensor | None, beta: float, softcap: float | None, filter: str,
 ) -> None:
     """dC += (softmax part)^T E and acc += (softmax part) C, chunk by chunk of rows and vocabulary. Chunks
     without an active tile are skipped; fully active ones run the unmasked kernels, and cuBLAS for dC."""
@@ -389,7 +396,9 @@ def _softmax_part(
     if dense_uniform:
         active = torch.ones_like(tile_max, dtype=torch.bool)
     else:
-        active = active_tiles(tile_max, lse, g, vocab, filter)
+        active = active_tiles(tile_max, lse, g, vocab)
+        if filter == "loose":
+            active = loose_active_tiles(active, tile_log_mass)
     active_cpu = active.cpu().numpy()
     active_i8 = active.to(torch.int8)
     row_blocks, num_vtiles = tile_max.shape

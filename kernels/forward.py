@@ -2,8 +2,10 @@
 
 For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s * tanh(. / s) with softcap):
 - `_lse_forward_kernel`: program (row block, vocabulary split) walks its vocabulary tiles and keeps the online
-  max m and sum s = sum exp(z - m) over v != y, plus sum_v z_iv (all v). It also stores, per (row block, tile),
-  the largest non-target logit of the tile's valid rows: the backward's gradient filter reads it.
+  max m and sum s = sum exp(z - m) over v != y, plus sum_v z_iv (all v). For the backward's gradient filter it
+  stores, per (row block, tile), the largest non-target logit of the tile's valid rows, and with ROW_MASS (for
+  filter="loose") each row's log-sum-exp of the tile's non-target logits, (tiles, N): the combine step turns
+  it into max over the block's valid rows of log(the tile's non-target probability mass), (row blocks, tiles).
 - `_target_logit_kernel`: z_iy, one dot product per token.
 - `triton_forward` combines the splits: LSE_i = logaddexp(m + log s, z_iy) and
   loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv.
@@ -35,10 +37,10 @@ TILES = ForwardTiles()
 
 @triton.jit
 def _lse_forward_kernel(
-    E, C, Y, M_out, S_out, ZSUM_out, TMAX_out,
-    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tiles_per_split, num_vtiles, softcap,
+    E, C, Y, M_out, S_out, ZSUM_out, TMAX_out, TLSE_out,
+    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tiles_per_split, num_vtiles, stride_tlse, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, ROW_MASS: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_rblocks = tl.cdiv(N, BLOCK_N)
@@ -69,8 +71,12 @@ def _lse_forward_kernel(
         tl.store(TMAX_out + rblock * num_vtiles + t, tl.max(tl.where(y >= 0, t_max, float("-inf")), axis=0))
         m_new = tl.maximum(m_run, t_max)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s_run = s_run * tl.exp(m_run - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
+        t_sum = tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
+        s_run = s_run * tl.exp(m_run - m_safe) + t_sum
         m_run = m_new
+        if ROW_MASS:  # t_sum = 0 only where it underflows (or the tile is empty): bound it by BLOCK_V e^{t_max}
+            t_lse = tl.where(t_sum > 0.0, m_safe + tl.log(t_sum), t_max + tl.log(tl.zeros_like(t_max) + BLOCK_V))
+            tl.store(TLSE_out + t * stride_tlse + rows, t_lse, mask=row_ok)
 
     out = split * N + rows
     tl.store(M_out + out, m_run, mask=row_ok)
@@ -122,9 +128,10 @@ def choose_splits(n: int, row_blocks: int, vocab_tiles: int, sms: int) -> int:
 
 def triton_forward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-    label_smoothing: float, ignore_index: int, softcap: float | None,
+    label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, tile max))."""
+    """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, tile max,
+    tile log-mass)); the tile log-mass (row blocks, tiles) is computed for filter="loose" only (else empty)."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -141,11 +148,16 @@ def triton_forward(
     m_part = torch.empty(splits, n, dtype=torch.float32, device=dev)
     s_part, zsum_part = torch.empty_like(m_part), torch.empty_like(m_part)
     tile_max = torch.empty(row_blocks, vocab_tiles, dtype=torch.float32, device=dev)
+    row_mass = filter == "loose"
+    padded = row_blocks * t.block_n
+    # (tiles, padded N) float32: 32 MiB at N = 8192, V = 262144, freed at the end of the forward
+    tile_lse = torch.empty(vocab_tiles if row_mass else 0, padded, dtype=torch.float32, device=dev)
     if n > 0:
         _lse_forward_kernel[(row_blocks * splits,)](
-            hidden, weight, y, m_part, s_part, zsum_part, tile_max,
-            n, vocab, d, *hidden.stride(), *weight.stride(), tiles_per_split, vocab_tiles, softcap or 1.0,
-            BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0,
+            hidden, weight, y, m_part, s_part, zsum_part, tile_max, tile_lse,
+            n, vocab, d, *hidden.stride(), *weight.stride(), tiles_per_split, vocab_tiles, padded,
+            softcap or 1.0,
+            BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, ROW_MASS=row_mass,
             num_warps=t.num_warps, num_stages=t.num_stages, **tl_args,
         )
     z_y = torch.empty(n, dtype=torch.float32, device=dev)
@@ -167,4 +179,8 @@ def triton_forward(
     target_prob = torch.where(valid, torch.exp(z_y - lse), float("nan"))
     max_prob = torch.exp(torch.where(valid, torch.maximum(m, z_y), m) - lse)
     rest_prob = torch.exp(lse_rest - lse)  # 1 - p_y, exact even where p_y rounds to 1
-    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, tile_max)
+    if row_mass:  # log mass of tile t for row i = tile LSE - LSE_i; max over the block's valid rows
+        tile_lse[:, :n].sub_(lse)
+        tile_lse.masked_fill_(~torch.nn.functional.pad(valid, (0, padded - n), value=False), float("-inf"))
+        tile_lse = tile_lse.view(vocab_tiles, row_blocks, t.block_n).amax(dim=2).T.contiguous()
+    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, tile_max, tile_lse)

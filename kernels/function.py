@@ -1,6 +1,6 @@
 """The autograd Function shared by both backends: forward keeps only O(N) state, backward recomputes.
 
-A backend supplies `forward(E, C, y, beta, ignore_index, softcap) -> (loss, lse, p_target, p_max, saved)`
+A backend supplies `forward(E, C, y, beta, ignore_index, softcap, filter) -> (loss, lse, p_target, p_max, saved)`
 (per token, float32; `saved`: small tensors, O(N) plus one float per logits tile) and
 `backward(E, C, y, saved, g, beta, ignore_index, softcap, filter, need_dE, need_dC) -> (dE, dC)` (filter:
 "exact" or "loose", see kernels/backward.py).
@@ -16,7 +16,7 @@ import torch
 class Backend(Protocol):
     def forward(
         self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-        label_smoothing: float, ignore_index: int, softcap: float | None,
+        label_smoothing: float, ignore_index: int, softcap: float | None, filter: str,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]: ...
 
     def backward(
@@ -42,7 +42,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         filter: str = "exact",
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         loss, lse, target_prob, max_prob, saved = backend.forward(
-            hidden, weight, targets, label_smoothing, ignore_index, softcap
+            hidden, weight, targets, label_smoothing, ignore_index, softcap, filter
         )
         ctx.save_for_backward(hidden, weight, targets, *saved)
         ctx.backend, ctx.label_smoothing, ctx.ignore_index, ctx.softcap, ctx.filter = (

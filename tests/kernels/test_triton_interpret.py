@@ -112,9 +112,9 @@ def test_filtering_skips_blocks_and_stays_within_bound(beta: float, monkeypatch:
     |dE_i| change <= FILTER_MASS g_i max|C|, |dC_v| change <= FILTER_MASS / V sum_i g_i max|E|."""
     dtype = torch.bfloat16
     hidden, weight, targets = _peaked_mixed(dtype)
-    _, lse, _, _, (*_, tile_max) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
+    _, lse, _, _, (_, _, _, tile_max, _) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
     g = (targets != -100).float() / (targets != -100).sum()
-    active = backward.active_tiles(tile_max, lse, g, V, "exact")
+    active = backward.active_tiles(tile_max, lse, g, V)
     assert not active[0].any() and active[1].all()
     assert 0.0 < active.float().mean().item() < 0.5  # most blocks skipped, the flat block kept
 
@@ -132,27 +132,24 @@ def test_filtering_skips_blocks_and_stays_within_bound(beta: float, monkeypatch:
     assert_accurate(filtered, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
-def test_loose_rule_drops_at_most_its_mass_and_skips_what_exact_skips() -> None:
-    """On random tile maxima (last tile partial): per row block the skipped tiles' bounds w_t P_t sum to at most
-    LOOSE_MASS, the next tile would exceed it, and every tile "exact" skips is skipped."""
+def test_loose_rule_keeps_its_budget_and_skips_what_exact_skips() -> None:
+    """On random tile masses: per row block, the tiles skipped beyond exact's have masses summing to at most
+    LOOSE_MASS - FILTER_MASS, the next smallest would exceed it, and every tile exact skips is skipped."""
     g = torch.Generator().manual_seed(17)
-    vocab, tiles = 40 * 256 - 100, 40
-    lse = torch.rand(3 * 128, generator=g) * 4.0 + 20.0
-    tile_max = lse.view(3, 128).amin(dim=1)[:, None] - 4.0 - 14.0 * torch.rand(3, tiles, generator=g)
-    grad = torch.ones_like(lse)
-    loose = backward.active_tiles(tile_max, lse, grad, vocab, "loose")
-    exact = backward.active_tiles(tile_max, lse, grad, vocab, "exact")
-    assert (loose <= exact).all() and loose.sum() < exact.sum()
-    width = (vocab - torch.arange(tiles) * 256).clamp(max=256).double()
-    bound = width * (tile_max.double() - lse.view(3, 128).amin(dim=1).double()[:, None]).exp()
-    assert (torch.where(loose, 0.0, bound).sum(dim=1) <= backward.LOOSE_MASS).all()
-    smallest_kept = torch.where(loose, bound, float("inf")).amin(dim=1)
-    assert (torch.where(loose, 0.0, bound).sum(dim=1) + smallest_kept > backward.LOOSE_MASS).all()
+    exact = torch.rand(3, 40, generator=g) > 0.2
+    log_mass = -4.0 - 14.0 * torch.rand(3, 40, generator=g)
+    loose = backward.loose_active_tiles(exact, log_mass)
+    assert (loose <= exact).all() and loose.sum() < exact.sum() and loose.any(dim=1).all()
+    mass = log_mass.double().exp()
+    extra = torch.where(exact & ~loose, mass, 0.0).sum(dim=1)
+    budget = backward.LOOSE_MASS - backward.FILTER_MASS
+    assert (extra <= budget).all()
+    assert (extra + torch.where(loose, mass, float("inf")).amin(dim=1) > budget).all()
 
 
 def _loose_case(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """_peaked_mixed, with row block 2 between the filters: its probabilities are above exact's 2^-10 / V, but
-    its whole non-target mass is below loose's budget, so only filter="loose" skips it."""
+    its whole non-target mass is within loose's budget, so only filter="loose" skips it."""
     hidden, weight, targets = _peaked_mixed(dtype)
     hidden[256:] *= 0.53
     return hidden, weight, targets
@@ -165,11 +162,18 @@ def test_loose_filter(beta: float) -> None:
     tolerance against the unfiltered float64 truth."""
     dtype = torch.bfloat16
     hidden, weight, targets = _loose_case(dtype)
-    _, lse, _, _, (*_, tile_max) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
+    _, lse, _, _, (_, _, _, tile_max, log_mass) = forward.triton_forward(hidden, weight, targets, beta, -100, None,
+                                                                        "loose")
     g = (targets != -100).float() / (targets != -100).sum()
-    exact = backward.active_tiles(tile_max, lse, g, V, "exact")
-    loose = backward.active_tiles(tile_max, lse, g, V, "loose")
+    exact = backward.active_tiles(tile_max, lse, g, V)
+    loose = backward.loose_active_tiles(exact, log_mass)
     assert (loose <= exact).all() and exact[2].any() and not loose[2].any() and loose[1].all()
+    z = hidden.double() @ weight.double().T  # the forward's tile masses, against float64
+    p = z.softmax(dim=1).scatter(1, targets.clamp_min(0)[:, None], 0.0)
+    mass = torch.nn.functional.pad(p, (0, 68)).view(N, 3, 256).sum(dim=2)
+    mass = torch.where((targets != -100)[:, None], mass, 0.0)
+    mass = torch.nn.functional.pad(mass, (0, 0, 0, 84)).view(3, 128, 3).amax(dim=1)
+    torch.testing.assert_close(log_mass.double().exp(), mass, rtol=2e-2, atol=1e-30)
 
     kw = dict(label_smoothing=beta)
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="loose", **kw)
