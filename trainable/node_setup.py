@@ -26,14 +26,17 @@ SHM_OP = "deepspeed_shm_comm"  # ShareMemCommBuilder.NAME
 
 def use_node_compile_cache(root: Path) -> Path:
     """Turn on Inductor's FX graph and AOTAutograd caches in ``<root>/inductor`` (a ``TORCHINDUCTOR_CACHE_DIR``
-    already set wins) and return the directory used. Call before the process compiles anything."""
+    the user set wins) and return the directory used. Call before the process compiles anything."""
     import torch._functorch.config
     import torch._inductor.config
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    directory = Path(os.environ.setdefault(CACHE_DIR_ENV, str(Path(root) / "inductor")))
+    current = os.environ.get(CACHE_DIR_ENV)  # importing Inductor writes its default there: that one is not a choice
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ[CACHE_DIR_ENV] = str(Path(root).absolute() / "inductor")
     torch._inductor.config.fx_graph_cache = True
     torch._functorch.config.enable_autograd_cache = True
-    return directory
+    return Path(os.environ[CACHE_DIR_ENV])
 
 
 def compile_cache_counts() -> dict[str, int]:
@@ -57,7 +60,8 @@ def skip_deepspeed_shm_op() -> None:
 def prepare_node(root: Path, device: torch.device) -> Path:
     """A trial's set-up before it compiles or starts DeepSpeed: the node's compile cache, and on the CPU no
     DeepSpeed op to build. Returns the compile cache directory."""
+    directory = use_node_compile_cache(root)
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         skip_deepspeed_shm_op()
-    return use_node_compile_cache(root)
+    return directory
