@@ -10,13 +10,14 @@ current one (``sweeps.fingerprint``); one from another config is refused, or re-
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
+import re
 import socket
 from typing import Any
 
 from sweeps import fingerprint, store
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
+from trainable.config import TrialConfig
 
 ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_first", "val_loss", "train_confidence", "train_steps",
                          "train_tokens", "tokens_per_s", "precision", "attention", "device", "world_size",
@@ -28,12 +29,19 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)(\(\w+\))?: ")
+
+
 def one_line(error: BaseException) -> str:
-    """The innermost cause of an error as 'Type: message' on one line."""
+    """The innermost cause of an error as 'Type: message' on one line. An error whose message carries a remote
+    traceback (Ray's worker errors) is its last 'SomeError: message' line: the error raised in the worker."""
     while error.__cause__ is not None or getattr(error, "__context__", None) is not None:
         error = error.__cause__ or error.__context__
-    message = " ".join(str(error).split())
-    return f"{type(error).__name__}: {message}"[:2000]
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    raised = next((line for line in reversed(lines[1:]) if _ERROR_LINE.match(line)), None)
+    if raised:
+        return raised[:2000]
+    return f"{type(error).__name__}: {' '.join(' '.join(lines).split())}"[:2000]
 
 
 def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any], status: str,
@@ -75,21 +83,21 @@ class ChangedConfigError(RuntimeError):
     """A trial's stored ok row comes from another config, and re-running it was not asked for."""
 
 
-def needs_run(sweep: SweepConfig, trial_id: str, config: dict[str, Any], rerun_changed: bool) -> bool:
+def needs_run(sweep: SweepConfig, trial: TrialConfig, rerun_changed: bool) -> bool:
     """Whether to run the trial: not if its stored row is ok and from the same config. A stored ok row from another
     config raises ``ChangedConfigError`` unless ``rerun_changed``. Before a run, the trial's stored row and
     questions (failed, stopped, or of another config) are removed, so that any row found afterwards is this run's."""
-    stored = store.stored_trial(sweep.results_dir, sweep.name, trial_id)
+    stored = store.stored_trial(sweep.results_dir, sweep.name, trial.trial_id)
     if stored is None:
         return True
     if stored["status"] == "ok":
-        changed = fingerprint.differences(json.loads(stored["config_json"] or "{}"), config)
+        changed = fingerprint.row_differences(stored, trial, workers_for(sweep, trial.family))
         if not changed:
             return False
         if not rerun_changed:
-            raise ChangedConfigError(f"trial {trial_id}: its stored ok row comes from another config "
+            raise ChangedConfigError(f"trial {trial.trial_id}: its stored ok row comes from another config "
                                      f"({fingerprint.describe(changed)}); re-run with --rerun-changed")
-    store.remove_trial(sweep.results_dir, sweep.name, trial_id)
+    store.remove_trial(sweep.results_dir, sweep.name, trial.trial_id)
     return True
 
 
@@ -104,7 +112,7 @@ def trial_driver(params: dict[str, Any]) -> None:
 
     sweep = sweep_from_dict(params["sweep"])
     trial = sweep.trial(sweep.point(params))
-    if not needs_run(sweep, trial.trial_id, trial.to_dict(), params.get("rerun_changed", False)):
+    if not needs_run(sweep, trial, params.get("rerun_changed", False)):
         ray.tune.report({"phase": "done", "resumed_from_store": True})
         return
     started = _now()

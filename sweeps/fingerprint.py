@@ -1,10 +1,11 @@
 """Which settings a trial's result depends on, and how a stored trial's config differs from the current one.
 
 A trial id names a point (family, lr, beta, seed) of a run; the rest of the trial config (SFT data, steps,
-evaluation, ...) lives in the stored row's ``config_json``. Before a stored ``ok`` row is reused, its result
-settings are compared with the current trial's: bookkeeping (run name, id, where results go), where the local
-data are read (not what they are: local copies share one layout; local against hub does count), reporting
-cadence and evaluation batching are not results, and random-init models other than the trial's own are ignored.
+evaluation, ...) lives in the stored row's ``config_json``, its number of workers (data-parallel ranks: the data
+each sees and the batch) in ``world_size``. Before a stored ``ok`` row is reused, its result settings are compared
+with the current trial's: bookkeeping (run name, id, where results go), where the local data are read (not what
+they are: local copies share one layout; local against hub does count), reporting cadence and evaluation batching
+are not results, and random-init models other than the trial's own are ignored.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def differences(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, tu
     old, new = result_settings(stored), result_settings(current)
     return {key: (old.get(key, _DEFAULTS.get(key)), value) for key, value in sorted(new.items())
             if old.get(key, _DEFAULTS.get(key)) != value}
+
+
+def row_differences(row: dict[str, Any], trial: TrialConfig, workers: int) -> dict[str, tuple[Any, Any]]:
+    """``differences`` between a stored trial row and the trial about to run on ``workers`` workers (a row
+    without ``world_size``, written before the trial ran, is compared on its config alone)."""
+    changed = differences(json.loads(row["config_json"] or "{}"), trial.to_dict())
+    if row.get("world_size") is not None and row["world_size"] != workers:
+        changed["workers"] = (row["world_size"], workers)
+    return changed
 
 
 def describe(changed: dict[str, tuple[Any, Any]]) -> str:

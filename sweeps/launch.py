@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -148,6 +149,8 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
         ray.init(address=address, **quiet)
     else:
         ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
+    if not verbose:  # a failed trial is one FAILED line, not Tune's traceback
+        logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     if dashboard or address:
         print(f"Ray dashboard: {ray.get_runtime_context().get_dashboard_url() or '(not running)'}", flush=True)
     if sweep.search.method == "optuna":  # progress reports carry no objective until the trial's final report

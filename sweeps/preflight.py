@@ -10,13 +10,12 @@ and which stored ``ok`` rows of the run come from another config (``fingerprint`
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sweeps import fingerprint, search, store
-from sweeps.config import SweepConfig
+from sweeps.config import SweepConfig, workers_for
 
 SFT_SAMPLE = 8  # SFT examples (in a trial's order) whose prompts must leave room for a response token
 
@@ -161,7 +160,7 @@ def changed_trials(sweep: SweepConfig) -> dict[str, str]:
             if sweep.search.method == "grid":
                 continue
             point = sweep.point({k: row[k] for k in ("family", "learning_rate", "label_smoothing", "seed")})
-        difference = fingerprint.differences(json.loads(row["config_json"] or "{}"), sweep.trial(point).to_dict())
+        difference = fingerprint.row_differences(row, sweep.trial(point), workers_for(sweep, point.family))
         if difference:
             changed[row["trial_id"]] = fingerprint.describe(difference)
     return changed

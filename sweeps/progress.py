@@ -47,7 +47,8 @@ def trial_error(trial: Any) -> str:
 class TrialProgress(Callback):
     """One line per trial event: start, training progress (as the workers report it, every ``train.log_every``
     steps, at most one line per trial every ``every_s``) with tokens/s and the sweep's ETA, done with its metrics,
-    skipped (already stored ok), failed with its one-line error. Lines start with ``[calsweep finished/total]``."""
+    skipped (already stored ok), failed with its one-line error and where Tune keeps the traceback. Lines start
+    with ``[calsweep finished/total]``."""
 
     def __init__(self, sweep: Any, total: int, every_s: float = 30.0):
         self.sweep, self.total, self.every_s = sweep, total, every_s
@@ -111,7 +112,8 @@ class TrialProgress(Callback):
         trial_id = self.sweep.trial(self.sweep.point(trial.config)).trial_id
         row = store.stored_trial(self.sweep.results_dir, self.sweep.name, trial_id)  # the driver's own line
         error = row["error"] if row and row["status"] == "failed" and row["error"] else trial_error(trial)
-        self._say(f"FAILED {trial}: {error}")
+        where = f" (traceback under {trial.path})" if getattr(trial, "storage", None) and trial.path else ""
+        self._say(f"FAILED {trial}: {error}{where}")
 
 
 class StoreRecorder(Callback):

@@ -13,12 +13,13 @@ from sweeps.driver import ChangedConfigError, needs_run
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
 
 
-def _store_trial(root, sweep, point, status="ok", config=None):
+def _store_trial(root, sweep, point, status="ok", config=None, world_size=None):
     trial = sweep.trial(point)
     store.write_trial(str(root), {"run_name": sweep.name, "trial_id": trial.trial_id, "status": status,
                                   "family": point.family, "learning_rate": point.learning_rate,
                                   "label_smoothing": point.label_smoothing, "seed": point.seed,
-                                  "config_json": store.config_json(config or trial.to_dict())})
+                                  "config_json": store.config_json(config or trial.to_dict()),
+                                  "world_size": world_size})
     return trial
 
 
@@ -50,17 +51,17 @@ def test_driver_skips_the_same_config_refuses_another_and_reruns_it_on_request(t
     sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
     point, other = sweep.trial_points()
     trial = _store_trial(tmp_path, sweep, point)
-    assert not needs_run(sweep, trial.trial_id, trial.to_dict(), rerun_changed=False)
+    assert not needs_run(sweep, trial, rerun_changed=False)
     edited = load_sweep(TINY, {"results_dir": str(tmp_path)}, ["train.max_steps=5"])
     current = edited.trial(point)
     assert current.trial_id == trial.trial_id  # same point, same id: the stored row is checked, not bypassed
     with pytest.raises(ChangedConfigError, match="train.max_steps: stored 2, now 5.*--rerun-changed"):
-        needs_run(edited, current.trial_id, current.to_dict(), rerun_changed=False)
+        needs_run(edited, current, rerun_changed=False)
     assert store.stored_trial(str(tmp_path), "tiny", trial.trial_id)["status"] == "ok"  # refused: left as it was
-    assert needs_run(edited, current.trial_id, current.to_dict(), rerun_changed=True)
+    assert needs_run(edited, current, rerun_changed=True)
     assert store.stored_trial(str(tmp_path), "tiny", trial.trial_id) is None  # the stale row makes way for the run
     failed = _store_trial(tmp_path, sweep, other, status="failed")
-    assert needs_run(sweep, failed.trial_id, failed.to_dict(), rerun_changed=False)
+    assert needs_run(sweep, failed, rerun_changed=False)
     assert store.read_trials(str(tmp_path)).num_rows == 0
 
 
@@ -71,4 +72,14 @@ def test_rows_of_an_older_store_without_newer_settings_still_match(tmp_path):
     del old["train"]["val_every"], old["eval"]["temperature_scaling"]  # written before these settings existed
     old["train"]["retired_setting"] = 1  # and with one that no longer exists
     trial = _store_trial(tmp_path, sweep, point, config=old)
-    assert not needs_run(sweep, trial.trial_id, trial.to_dict(), rerun_changed=False)
+    assert not needs_run(sweep, trial, rerun_changed=False)
+
+
+def test_a_row_trained_on_another_number_of_workers_differs(tmp_path):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    point = sweep.trial_points()[0]
+    trial = _store_trial(tmp_path, sweep, point, world_size=1)
+    assert not needs_run(sweep, trial, rerun_changed=False)
+    wider = load_sweep(TINY, {"results_dir": str(tmp_path)}, ["resources.workers_per_trial=2"])
+    with pytest.raises(ChangedConfigError, match="workers: stored 1, now 2"):
+        needs_run(wider, wider.trial(point), rerun_changed=False)

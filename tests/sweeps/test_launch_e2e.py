@@ -44,6 +44,7 @@ def _run_until_first_trial_done_then_kill(results: Path, data_dir: str) -> str:
 def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
     first = _run_until_first_trial_done_then_kill(tmp_path, data_dir)
     assert "[calsweep 1/2] done" in first, first[-3000:]
+    assert "TrainingReport(" not in first and "row/s]" not in first  # workers' output only with --verbose
     before = {r["trial_id"]: r for r in store.read_trials(str(tmp_path), "tiny").to_pylist() if r["status"] == "ok"}
     assert len(before) >= 1
 
