@@ -154,7 +154,7 @@ def triton_forward(
     tile_lse = torch.empty(vocab_tiles if row_mass else 0, padded, dtype=torch.float32, device=dev)
     if n > 0:
         _lse_forward_kernel[(row_blocks * splits,)](
-            hidden, weight, y, m_part, s_part, zsum_part, tile_max, tile_lse,
+            hidden, weight, y, m_part, s_part, zsum_part, tile_max, tile_lse if row_mass else tile_max,
             n, vocab, d, *hidden.stride(), *weight.stride(), tiles_per_split, vocab_tiles, padded,
             softcap or 1.0,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, ROW_MASS=row_mass,
