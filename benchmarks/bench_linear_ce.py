@@ -252,7 +252,8 @@ def make_all_inputs(args: argparse.Namespace) -> list[tuple[str, dict, tuple[tor
                 shape = {"n": hidden.shape[0], "vocab": weight.shape[0], "dim": hidden.shape[1], "facts": facts}
                 out.append((f"real {facts['family']}", shape, (hidden, weight, targets), False))
                 if args.sorted:
-                    out.append((f"real {facts['family']} sorted", shape, sort_vocabulary(hidden, weight, targets), True))
+                    sorted_inputs = sort_vocabulary(hidden, weight, targets)
+                    out.append((f"real {facts['family']} sorted", shape, sorted_inputs, True))
         else:
             shape = {"n": args.n, "vocab": args.vocab, "dim": args.dim}
             out.append((kind, shape, make_inputs(kind, args.n, args.vocab, args.dim, args.device), False))

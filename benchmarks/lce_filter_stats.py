@@ -14,7 +14,8 @@ order a kernel could compute in its forward with one GEMV, so that likely tokens
 the kernel).
 
 Usage (repo root, after lce_real_inputs.py):
-    .venv/bin/python benchmarks/lce_filter_stats.py .gpu_lce/gemma3-270m .gpu_lce/smollm2-135m --out results/lce_filter_stats.json
+    .venv/bin/python benchmarks/lce_filter_stats.py .gpu_lce/gemma3-270m .gpu_lce/smollm2-135m \
+        --out kernels/filter_stats_cpu.json
 """
 
 from __future__ import annotations

@@ -117,7 +117,8 @@ def build(family: str, n_tokens: int, out_dir: Path, data_dir: str | None, max_s
     facts = {
         "family": family, "n": n_tokens, "vocab": head.shape[0], "dim": head.shape[1], "examples": used,
         "text": f"alpaca {config.local_file}, prompt + response, seed {seed}, max_seq_len {max_seq_len}",
-        "head_tensor": tensor.name, "head_qtype": int(tensor.tensor_type), "head_sha256": hashlib.sha256(raw).hexdigest(),
+        "head_tensor": tensor.name, "head_qtype": int(tensor.tensor_type),
+        "head_sha256": hashlib.sha256(raw).hexdigest(),
         "head_parts": parts, "logits_check_max_abs": checked, "seconds": round(time.time() - t0, 1),
     }
     torch.save({"hidden": hidden_all.bfloat16(), "targets": targets_all, "facts": facts}, folder / "inputs.pt")
