@@ -30,12 +30,12 @@ Usage (repo root, GPU machine):
 
 Real inputs on the GPU machine (its image lacks gguf, Liger and CCE; a call carries at most 64 MiB). On a CPU:
 `lce_real_inputs.py --family gemma3-270m` and `--family smollm2-135m` write .gpu_lce/ (git-ignored), and
-`pip download --no-deps -d .gpu_whl liger-kernel==0.8.5 cut-cross-entropy==25.1.1 gguf==0.19.0` the wheels.
-Gemma's head is 178 MB (Q8_0, three parts): three staging calls back to back on the warm machine, each carrying
-one .gpu_lce/gemma3-270m/head.0K and running `mkdir -p ~/lce && cp -r .gpu_lce/. ~/lce/`, then one call
-carrying .gpu_lce/gemma3-270m/inputs.pt, .gpu_lce/smollm2-135m and .gpu_whl (51 MB) that runs
+`pip download --no-deps -d .gpu_lce/whl liger-kernel==0.8.5 cut-cross-entropy==25.1.1 gguf==0.19.0` the
+wheels. Gemma's head is 178 MB (Q8_0, three parts): three staging calls back to back on the warm machine, each
+carrying one .gpu_lce/gemma3-270m/head.0K and running `mkdir -p ~/lce && cp -r .gpu_lce/. ~/lce/`, then one
+call carrying .gpu_lce/gemma3-270m/inputs.pt, .gpu_lce/smollm2-135m and .gpu_lce/whl (51 MB) that runs
     mkdir -p ~/lce && cp -r .gpu_lce/. ~/lce/ && python3 -m pip install -q --no-index --no-deps --target /tmp/site
-    .gpu_whl/*.whl && PYTHONPATH=/tmp/site:$PYTHONPATH timeout 470 python3 benchmarks/bench_linear_ce.py
+    .gpu_lce/whl/*.whl && PYTHONPATH=/tmp/site:$PYTHONPATH timeout 470 python3 benchmarks/bench_linear_ce.py
     --inputs real random --sorted --real ~/lce/gemma3-270m ~/lce/smollm2-135m --out $OUT/bench_linear_ce.json
 (one line; rows are written as they finish, so a timeout keeps the rows measured).
 """
