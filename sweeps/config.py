@@ -217,7 +217,7 @@ def sweep_from_dict(data: dict[str, Any], where: str = "config") -> SweepConfig:
     if not errors:
         errors += [f"{where}.{p}" for p in _check_sweep(config)]
     if errors:
-        raise ConfigError("; ".join(errors))
+        raise ConfigError(*errors)
     return config
 
 
@@ -272,7 +272,7 @@ def apply_assignments(data: dict[str, Any], assignments: list[str]) -> dict[str,
             if parts in (["seed"], ["seeds"]):  # one setting: the command line's replaces the file's
                 data.pop("seeds" if parts == ["seed"] else "seed", None)
     if problems:
-        raise ConfigError("override " + "; override ".join(problems))
+        raise ConfigError(*(f"override {problem}" for problem in problems))
     return data
 
 

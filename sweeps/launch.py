@@ -69,9 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)  # KEY=VALUE overrides may come before, between or after options
 
 
-def _fail(message: str) -> "NoReturn":  # noqa: F821
-    print(f"calsweep: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+def _report(problems: list[str]) -> int:
+    """Print each problem on its own line to stderr; the exit status of a bad input (2)."""
+    print("\n".join(f"calsweep: error: {problem}" for problem in problems), file=sys.stderr)
+    return 2
 
 
 def plan_resources(sweep: SweepConfig, cluster: dict[str, float]) -> SweepConfig:
@@ -202,15 +203,16 @@ def main(argv: list[str] | None = None) -> int:
             sweep = dataclasses.replace(sweep, results_dir=os.path.abspath(sweep.results_dir))
         root = resolve_data_dir(sweep.data_dir)  # absolute, so that Ray workers in other directories find it
         sweep = dataclasses.replace(sweep, data_dir=str(root.resolve()) if root else None)
-    except (ConfigError, DataSourceError) as exc:
-        _fail(str(exc))
+    except ConfigError as exc:
+        return _report(exc.problems)
+    except DataSourceError as exc:
+        return _report([str(exc)])
     checked = preflight(sweep)
     problems = checked.problems
-    if checked.changed and not args.rerun_changed:
+    if checked.changed and (not args.rerun_changed or sweep.search.method == "optuna"):
         problems = problems + stale_problems(checked.sweep, checked.changed)
     if problems:
-        print("\n".join(f"calsweep: error: {problem}" for problem in problems), file=sys.stderr)
-        return 2
+        return _report(problems)
     sweep = checked.sweep
     if checked.changed:
         print(f"Re-running {len(checked.changed)} trial(s) stored from another config (--rerun-changed)", flush=True)

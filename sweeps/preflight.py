@@ -167,13 +167,16 @@ def changed_trials(sweep: SweepConfig) -> dict[str, str]:
 
 
 def stale_problems(sweep: SweepConfig, changed: dict[str, str]) -> list[str]:
-    """One line per distinct config difference of ``changed`` trials, naming them and the way out."""
+    """One line per distinct config difference of ``changed`` trials, naming them and the way out (a study's
+    sampled points are not re-run, so only another run name helps there)."""
     groups: dict[str, list[str]] = {}
     for trial_id, difference in changed.items():
         groups.setdefault(difference, []).append(trial_id)
+    way_out = ("choose another --name (a study does not re-run its points)" if sweep.search.method == "optuna"
+               else "pass --rerun-changed to re-run them, or choose another --name")
     return [f"results store: {len(ids)} ok trial(s) of run {sweep.name!r} ({', '.join(ids[:3])}"
-            f"{', ...' if len(ids) > 3 else ''}) come from another config ({difference}); pass --rerun-changed "
-            f"to re-run them, or choose another --name" for difference, ids in groups.items()]
+            f"{', ...' if len(ids) > 3 else ''}) come from another config ({difference}); {way_out}"
+            for difference, ids in groups.items()]
 
 
 def preflight(sweep: SweepConfig) -> Preflight:

@@ -16,7 +16,12 @@ from typing import Any
 
 
 class ConfigError(ValueError):
-    """One or more invalid config entries; the message lists each as 'where.key: expected X, got Y'."""
+    """One or more invalid config entries: ``problems`` lists each as 'where.key: expected X, got Y'; the message
+    joins them with '; '."""
+
+    def __init__(self, *problems: str):
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def build(cls: type, data: dict[str, Any] | None, where: str, errors: list[str] 
     if check is not None:
         errors.extend(f"{where}.{p}" for p in check(instance))
     if own and errors:
-        raise ConfigError("; ".join(errors))
+        raise ConfigError(*errors)
     return instance
 
 

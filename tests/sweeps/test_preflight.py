@@ -9,7 +9,7 @@ import yaml
 
 from sweeps import launch, search, store
 from sweeps.config import load_sweep, sweep_from_dict
-from sweeps.preflight import preflight
+from sweeps.preflight import preflight, stale_problems
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
 
@@ -125,3 +125,14 @@ def test_stored_rows_of_another_config_are_named_with_both_values(data_dir, tmp_
     assert err.count("\n") == 1 and "1 ok trial(s) of run 'tiny'" in err and "train.max_steps: stored 2, now 3" in err
     assert launch.main([*args, "--rerun-changed"]) == 0
     assert "Re-running 1 trial(s) stored from another config" in capsys.readouterr().out
+
+
+def test_a_study_with_rows_of_another_config_needs_another_name():
+    study = sweep_from_dict({"families": ["smollm2-135m"], "search": {"method": "optuna"}})
+    grid = sweep_from_dict({"families": ["smollm2-135m"]})
+    changed = {"a": "eval.limit: stored 4, now null", "b": "eval.limit: stored 4, now null"}
+    assert [line.split("; ")[-1] for line in stale_problems(grid, changed)] == [
+        "pass --rerun-changed to re-run them, or choose another --name"]
+    assert stale_problems(study, changed)[0].startswith("results store: 2 ok trial(s) of run 'default' (a, b) come "
+                                                        "from another config (eval.limit: stored 4, now null)")
+    assert stale_problems(study, changed)[0].endswith("choose another --name (a study does not re-run its points)")
