@@ -46,11 +46,11 @@ def _hub_config_problem(location: str) -> str | None:
     return None
 
 
-def family_problems(sweep: SweepConfig) -> list[str]:
-    """One line per family (or random-init model's tokenizer family) that will not load."""
+def family_problems(sweep: SweepConfig) -> dict[str, str]:
+    """name -> one line, for each family (or random-init model's tokenizer family) that will not load."""
     from trainable.models import check_transformers, gguf_path, resolve_model
 
-    problems = []
+    problems = {}
     custom = sweep.trial(sweep.trial_points()[0]).custom_specs()
     names = list(sweep.families) + [custom[f].tokenizer for f in sweep.families if f in custom]
     for name in dict.fromkeys(names):
@@ -62,8 +62,8 @@ def family_problems(sweep: SweepConfig) -> list[str]:
                 check_transformers(spec)
                 gguf_path(spec)
                 continue
-        except (ValueError, RuntimeError) as exc:
-            problems.append(f"families: {_line(exc)}")
+        except Exception as exc:  # noqa: BLE001 - any failure to find the weights is the problem
+            problems[name] = f"families: {_line(exc)}"
             continue
         if spec.source == "local" and spec.location.endswith(".gguf"):
             continue
@@ -71,12 +71,13 @@ def family_problems(sweep: SweepConfig) -> list[str]:
         if reason is None:
             continue
         if spec.source == "local":
-            problems.append(f"families: {name!r} is a local path without a readable model config ({reason})")
+            problems[name] = f"families: {name!r} is a local path without a readable model config ({reason})"
         elif name == spec.location:
-            problems.append(f"families: {name!r} is no registry family nor existing local path, and its hub config "
-                            f"cannot be read ({reason}); expected a registry name, a local path or a readable hub id")
+            problems[name] = (f"families: {name!r} is no registry family nor existing local path, and its hub "
+                              f"config cannot be read ({reason}); expected a registry name, a local path or a "
+                              f"readable hub id")
         else:
-            problems.append(f"families: {name!r} (hub {spec.location}): its config cannot be read ({reason})")
+            problems[name] = f"families: {name!r} (hub {spec.location}): its config cannot be read ({reason})"
     return problems
 
 
@@ -97,29 +98,33 @@ def task_problems(sweep: SweepConfig) -> list[str]:
     return problems
 
 
-def _tokenizers(sweep: SweepConfig) -> dict[str, Any]:
-    """family -> its tokenizer, loaded once per distinct tokenizer source; families that fail are left out
-    (``family_problems`` names them)."""
+def _tokenizers(sweep: SweepConfig, broken: set[str]) -> tuple[dict[str, Any], list[str]]:
+    """(family -> its tokenizer, loaded once per source; a line per tokenizer that fails to load). Families whose
+    tokenizer source is ``broken`` (already reported) are left out."""
     from trainable.models import load_tokenizer, resolve_model
 
     custom = sweep.trial(sweep.trial_points()[0]).custom_specs()
     loaded: dict[str, Any] = {}
-    by_family = {}
+    by_family, problems = {}, []
     for family in sweep.families:
-        spec = resolve_model(family, custom)
         source = custom[family].tokenizer if family in custom else family
+        if source in broken:
+            continue
         try:
             if source not in loaded:
-                loaded[source] = load_tokenizer(spec, custom)
-        except Exception:  # noqa: BLE001 - reported by family_problems
+                loaded[source] = load_tokenizer(resolve_model(family, custom), custom)
+        except Exception as exc:  # noqa: BLE001 - any failure to load the tokenizer is the problem
+            problems.append(f"families: {family!r}: its tokenizer ({source}) does not load: {_line(exc)}")
+            broken.add(source)
             continue
         by_family[family] = loaded[source]
-    return by_family
+    return by_family, problems
 
 
-def sft_problems(sweep: SweepConfig, count_rows: bool) -> tuple[list[str], int | None]:
+def sft_problems(sweep: SweepConfig, count_rows: bool, broken: set[str]) -> tuple[list[str], int | None]:
     """(problems with the SFT data, the number of SFT rows when ``count_rows``): the first examples must load and
-    leave a response token within ``sft.max_seq_len`` under every family's tokenizer."""
+    leave a response token within ``sft.max_seq_len`` under every family's tokenizer (those of ``broken``
+    families, already reported, are skipped)."""
     from trainable.sft_data import IGNORE_INDEX, load_conversations, tokenize_conversation
 
     sft, seed = sweep.sft, sweep.trial_seeds[0]
@@ -128,13 +133,13 @@ def sft_problems(sweep: SweepConfig, count_rows: bool) -> tuple[list[str], int |
         rows = len(load_conversations(sft, sweep.data_dir)) if count_rows else None
     except Exception as exc:  # noqa: BLE001 - any failure to read the SFT data is the problem
         return [f"sft: {sft.dataset} does not load: {_line(exc)}"], None
-    problems = []
-    for family, tokenizer in _tokenizers(sweep).items():
+    tokenizers, problems = _tokenizers(sweep, broken)
+    for family, tokenizer in tokenizers.items():
         needed = []
         for conversation in sample:
             try:
                 labels = tokenize_conversation(conversation, tokenizer, sft.prompt_template, 1 << 30)["labels"]
-            except ValueError as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure to tokenise an example is the problem
                 problems.append(f"sft: {family}'s tokenizer cannot render {conversation.origin}: {_line(exc)}")
                 break
             first = next((i for i, label in enumerate(labels) if i > 0 and label != IGNORE_INDEX), None)
@@ -184,8 +189,9 @@ def preflight(sweep: SweepConfig) -> Preflight:
     asha = sweep.search.asha
     count_rows = asha is not None and asha.max_t is None and sweep.train.max_steps is None \
         and sweep.sft.max_examples is None
-    problems = family_problems(sweep) + task_problems(sweep)
-    sft, rows = sft_problems(sweep, count_rows)
+    families = family_problems(sweep)
+    problems = list(families.values()) + task_problems(sweep)
+    sft, rows = sft_problems(sweep, count_rows, set(families))
     problems += sft
     steps = search.trial_steps(sweep, rows)
     try:

@@ -136,3 +136,17 @@ def test_a_study_with_rows_of_another_config_needs_another_name():
     assert stale_problems(study, changed)[0].startswith("results store: 2 ok trial(s) of run 'default' (a, b) come "
                                                         "from another config (eval.limit: stored 4, now null)")
     assert stale_problems(study, changed)[0].endswith("choose another --name (a study does not re-run its points)")
+
+
+def test_a_model_folder_without_a_tokenizer_is_named_once(data_dir, tmp_path, tiny_llama_config):
+    from transformers import LlamaConfig
+
+    folder = tmp_path / "weights-only"
+    LlamaConfig(**tiny_llama_config).save_pretrained(folder)  # a readable config, but no tokenizer files
+    config = _tiny(data_dir, tmp_path / "results", families=[str(folder)],
+                   custom_models={"tiny-llama": {"tokenizer": "calsweep-test/no-such-tokenizer"}})
+    problems = preflight(sweep_from_dict(config)).problems
+    assert len(problems) == 1 and problems[0].startswith(f"families: {str(folder)!r}: its tokenizer")
+    config.update(families=["tiny-llama"])
+    problems = preflight(sweep_from_dict(config)).problems  # the tokenizer's family is named, not twice
+    assert len(problems) == 1 and "'calsweep-test/no-such-tokenizer' is no registry family" in problems[0]
