@@ -24,6 +24,8 @@ from trainable.config import (ConfigError, CustomModel, EvalConfig, SFTConfig, T
                               check_label_smoothing, check_learning_rate, suggest)
 
 SAMPLERS = ("tpe", "random", "cmaes", "nsga2", "gp")
+PROGRESS_METRICS = ("train_loss", "val_loss")  # in the workers' training reports: what ASHA can watch
+FINAL_METRICS = ("train_loss", "val_loss", "tokens_per_s")  # besides <task>_<metric>: objectives a study can use
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.yaml"
 
 
@@ -168,6 +170,8 @@ def _check_sweep(config: SweepConfig) -> list[str]:
         problems.append(f"search.num_samples: expected an integer >= 1, got {search.num_samples!r}")
     if not search.objectives or any(mode not in ("min", "max") for mode in search.objectives.values()):
         problems.append(f"search.objectives: expected a mapping metric -> 'min' | 'max', got {search.objectives!r}")
+    if search.method == "optuna":
+        problems += _check_objectives(search.objectives, config.eval)
     if search.method == "optuna" and len(config.trial_seeds) > 1:
         problems.append(f"seeds: expected one seed with search.method 'optuna' (a study samples points, not "
                         f"repeats), got {list(config.trial_seeds)!r}")
@@ -187,11 +191,24 @@ def _check_sweep(config: SweepConfig) -> list[str]:
     return problems
 
 
+def _check_objectives(objectives: dict[str, str], evaluation: EvalConfig) -> list[str]:
+    """The study's objectives must be metrics a trial's final report carries (else the study learns nothing)."""
+    from sweeps.store import TASK_METRICS
+
+    known = [f"{task}_{metric}" for task in evaluation.tasks for metric in TASK_METRICS] + list(FINAL_METRICS)
+    return [f"search.objectives: {name!r} is no metric a trial reports{suggest(str(name), known)}; expected "
+            f"<task>_<metric> of eval.tasks (e.g. {known[1]}) or one of {list(FINAL_METRICS)}"
+            for name in objectives if name not in known]
+
+
 def _check_asha(asha: AshaConfig, train: TrainConfig) -> list[str]:
     """What can be said of ASHA without the data (its ``max_t`` against the trials' steps: ``search.asha_problems``)."""
     problems = []
     if asha.mode not in ("min", "max"):
         problems.append(f"mode: expected 'min' or 'max', got {asha.mode!r}")
+    if asha.metric not in PROGRESS_METRICS:
+        problems.append(f"metric: expected one of {list(PROGRESS_METRICS)} (what trials report while training), got "
+                        f"{asha.metric!r}{suggest(str(asha.metric), PROGRESS_METRICS)}")
     if asha.metric == "val_loss" and train.val_examples == 0:
         problems.append("metric: 'val_loss' is reported only with train.val_examples > 0, got 0")
     for name in ("grace_period", "reduction_factor", "max_t"):

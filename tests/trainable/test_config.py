@@ -34,6 +34,10 @@ def test_default_config_is_the_four_trial_grid():
     ({"seed": 1, "seeds": [2]}, "config.seeds: expected either `seed: N` or `seeds: [N, ...]`, got both"),
     ({"seeds": [0, 1], "search": {"method": "optuna"}}, "expected one seed with search.method 'optuna'"),
     ({"search": {"asha": {"metric": "val_loss"}}}, "'val_loss' is reported only with train.val_examples > 0"),
+    ({"search": {"asha": {"metric": "val_los"}}}, "metric: expected one of ['train_loss', 'val_loss'] (what trials "
+                                                  "report while training), got 'val_los' (did you mean 'val_loss'?)"),
+    ({"search": {"method": "optuna", "objectives": {"mmlu_ecee": "min"}}},
+     "search.objectives: 'mmlu_ecee' is no metric a trial reports (did you mean 'mmlu_ece'?)"),
     ({"train": {"zero_stage": 4}}, "config.train.zero_stage: expected 0, 1, 2 or 3, got 4"),
     ({"eval": {"tasks": ["squad"]}}, "got ['squad']"),
     ({"train": {"micro_batch_size": "eight"}}, "config.train.micro_batch_size: expected int, got 'eight'"),
