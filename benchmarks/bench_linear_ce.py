@@ -12,9 +12,7 @@ its gradient filter included). Each at beta 0 and 0.1, on inputs (bf16, no ignor
   one input per --real folder, written on a CPU by benchmarks/lce_real_inputs.py (Gemma-3-270M: N = 8192,
   V = 262144, D = 640; SmolLM2-135M: V = 49152, D = 576). Each folder holds the hidden states and targets
   (inputs.pt) and the head as its GGUF tensor's bytes in parts under 60 MB (head.NN); they are de-quantised
-  here (the gguf package), bit for bit the head transformers loads. With --sorted, also each real input with
-  its vocabulary relabelled by descending mean logit (our methods only): what sorting the vocabulary, so that
-  likely tokens share tiles, buys the gradient filter.
+  here (the gguf package), bit for bit the head transformers loads.
 Times are the median of --iters runs after --warmup runs (CUDA events); "fwd" runs the forward with inputs
 that require grad (as in training), "fwd+bwd" forward and backward. Memory is the peak allocated during the
 step minus what was allocated before it (inputs), so fwd+bwd includes the two gradients. For our rows,
@@ -23,7 +21,7 @@ and for "loose" rows "rel. diff" is max(|dE_loose - dE_exact|) / max|dE_exact| (
 
 Usage (repo root, GPU machine):
     python benchmarks/bench_linear_ce.py --out results/bench_linear_ce.json      # random and peaked
-    python benchmarks/bench_linear_ce.py --inputs real random --sorted    # real inputs from .gpu_lce/ (below)
+    python benchmarks/bench_linear_ce.py --inputs real random    # real inputs from .gpu_lce/ (below)
     python benchmarks/bench_linear_ce.py --tiles          # our kernel under a few tile configurations
     python benchmarks/bench_linear_ce.py --profile        # CUDA time per kernel of our forward + backward
     python benchmarks/bench_linear_ce.py --n 256 --vocab 1024 --dim 64 --device cpu --iters 2   # harness dry run
@@ -36,7 +34,7 @@ carrying one .gpu_lce/gemma3-270m/head.0K and running `mkdir -p ~/lce && cp -r .
 call carrying .gpu_lce/gemma3-270m/inputs.pt, .gpu_lce/smollm2-135m and .gpu_lce/whl (51 MB) that runs
     mkdir -p ~/lce && cp -r .gpu_lce/. ~/lce/ && python3 -m pip install -q --no-index --no-deps --target /tmp/site
     .gpu_lce/whl/*.whl && PYTHONPATH=/tmp/site:$PYTHONPATH timeout 470 python3 benchmarks/bench_linear_ce.py
-    --inputs real random --sorted --real ~/lce/gemma3-270m ~/lce/smollm2-135m --out $OUT/bench_linear_ce.json
+    --inputs real random --real ~/lce/gemma3-270m ~/lce/smollm2-135m --out $OUT/bench_linear_ce.json
 (one line; rows are written as they finish, so a timeout keeps the rows measured).
 """
 
@@ -171,8 +169,9 @@ def measure(loss_fn: Loss, inputs: tuple[torch.Tensor, ...], device: str, warmup
 def active_share(inputs: tuple[torch.Tensor, ...], beta: float, filter: str) -> float:
     """Share of logit tiles our backward computes (the rest filtered), with the gradient of the mean loss."""
     hidden, weight, targets = inputs
-    _, lse, _, _, (_, _, _, tile_max, log_mass) = forward.triton_forward(hidden, weight, targets, beta, -100, None,
-                                                                        filter)
+    _, lse, _, _, (_, _, _, tile_max, log_mass, _) = forward.triton_forward(
+        hidden, weight, targets, beta, -100, None, filter,
+    )
     active = backward.active_tiles(tile_max, lse, torch.full_like(lse, 1.0 / targets.numel()), weight.shape[0])
     if filter == "loose":
         active = backward.loose_active_tiles(active, log_mass)
@@ -232,16 +231,8 @@ def print_table(rows: list[dict]) -> None:
         print("| " + " | ".join(fmt(r.get(c, r.get("error"))) for c in COLUMNS) + " |")
 
 
-def sort_vocabulary(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The same problem with the vocabulary relabelled by descending mean logit over the batch (C @ mean_i E_i),
-    so that likely tokens share tiles: rows of C permuted, targets mapped (loss unchanged)."""
-    order = (weight.float() @ hidden.float().mean(dim=0)).argsort(descending=True)
-    return hidden, weight[order].contiguous(), order.argsort()[targets]
-
-
-def make_all_inputs(args: argparse.Namespace) -> list[tuple[str, dict, tuple[torch.Tensor, ...], bool]]:
-    """(label, shape, (hidden, weight, targets), ours only) for each input of --inputs; with --sorted each real
-    input also with its vocabulary sorted (our methods only: the others do the same work in any order)."""
+def make_all_inputs(args: argparse.Namespace) -> list[tuple[str, dict, tuple[torch.Tensor, ...]]]:
+    """(label, shape, (hidden, weight, targets)) for each input of --inputs."""
     out = []
     for kind in args.inputs:
         if kind == "real":
@@ -250,22 +241,19 @@ def make_all_inputs(args: argparse.Namespace) -> list[tuple[str, dict, tuple[tor
             for folder in args.real:
                 hidden, weight, targets, facts = load(folder, args.device)
                 shape = {"n": hidden.shape[0], "vocab": weight.shape[0], "dim": hidden.shape[1], "facts": facts}
-                out.append((f"real {facts['family']}", shape, (hidden, weight, targets), False))
-                if args.sorted:
-                    sorted_inputs = sort_vocabulary(hidden, weight, targets)
-                    out.append((f"real {facts['family']} sorted", shape, sorted_inputs, True))
+                out.append((f"real {facts['family']}", shape, (hidden, weight, targets)))
         else:
             shape = {"n": args.n, "vocab": args.vocab, "dim": args.dim}
-            out.append((kind, shape, make_inputs(kind, args.n, args.vocab, args.dim, args.device), False))
+            out.append((kind, shape, make_inputs(kind, args.n, args.vocab, args.dim, args.device)))
     return out
 
 
 def run_all(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
-    for label, shape, inputs, ours_only in make_all_inputs(args):
+    for label, shape, inputs in make_all_inputs(args):
         for beta in (0.0, 0.1):
             for name, fn in methods(beta, args.device).items():
-                if (args.only and name not in args.only) or (ours_only and not name.startswith("ours")):
+                if args.only and name not in args.only:
                     continue
                 row = {"method": name, "input": label, "beta": beta, **shape}
                 try:
@@ -350,7 +338,6 @@ def main() -> None:
     p.add_argument("--inputs", nargs="+", default=["random", "peaked"], choices=["random", "peaked", "real"])
     p.add_argument("--real", nargs="*", default=[".gpu_lce/gemma3-270m", ".gpu_lce/smollm2-135m"],
                    help="folders written by benchmarks/lce_real_inputs.py (with --inputs real)")
-    p.add_argument("--sorted", action="store_true", help="also each real input with its vocabulary sorted (ours)")
     p.add_argument("--tiles", action="store_true", help="compare tile configurations of our kernel instead")
     p.add_argument("--profile", action="store_true", help="CUDA time per kernel of our forward + backward instead")
     p.add_argument("--out", help="JSON file to write (rewritten after every row)")

@@ -5,13 +5,13 @@ computes them), in the kernel's tiles (forward.TILES: 128 rows x 256 vocabulary 
 tiles skipped and the probability mass actually dropped per token (mean, 99th percentile, max). Rules:
 - exact: the kernel's default: P_t = exp(tile max of the non-target logits - smallest LSE of the row block)
   < 2^-10 / V (backward.FILTER_MASS);
-- loose: the kernel's filter="loose": of the tiles exact keeps, those of smallest M_t = max over the block's
-  rows of the tile's non-target mass are skipped while their sum <= LOOSE_MASS - FILTER_MASS (2^-8 in all);
+- loose: the rule of the kernel's filter="loose": of the tiles exact keeps, those of smallest M_t = max over the
+  block's rows of the tile's non-target mass are skipped while their sum <= LOOSE_MASS - FILTER_MASS (2^-8 in
+  all);
 - loose@2^k: the same rule with 2^k in all instead (what other budgets would give);
 - cce: Cut Cross-Entropy's rule, every non-target probability of the tile < 2^-12 (no bound on the sum).
-Each is also measured with the vocabulary sorted by mean logit over the batch (C @ mean_i E_i, descending): the
-order a kernel could compute in its forward with one GEMV, so that likely tokens share tiles (not implemented in
-the kernel).
+Each is measured in the natural vocabulary order and sorted by mean logit over the batch (C @ mean_i E_i,
+descending), the order filter="loose" walks (so "sorted loose" is what the kernel does).
 
 Usage (repo root, after lce_real_inputs.py):
     .venv/bin/python benchmarks/lce_filter_stats.py .gpu_lce/gemma3-270m .gpu_lce/smollm2-135m \

@@ -108,8 +108,8 @@ def linear_cross_entropy(
     filter picks the backward's gradient filter (Triton path; the CPU path is dense, so exact for both):
     "exact" drops at most 2^-10 of probability mass per token, every dropped probability below 2^-10 / V;
     "loose" drops at most 2^-8 per token (backward.LOOSE_MASS), spent on the least likely vocabulary tiles
-    first (faster on real hidden states). The loss and the target and label-smoothing parts of the gradient are
-    never filtered.
+    first, with the vocabulary sorted by mean logit so that likely tokens share tiles (faster on real hidden
+    states). The loss and the target and label-smoothing parts of the gradient are never filtered.
     """
     _validate(hidden, weight, targets, label_smoothing, ignore_index, reduction, softcap, filter)
     lead_shape = targets.shape

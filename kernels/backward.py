@@ -7,8 +7,10 @@ With g_i the upstream gradient, dloss_i/dz_iv = p_iv - (1 - beta)[v = y_i] - bet
      probability of the tile, for every row of the block; tiles with P_t < FILTER_MASS / V are skipped. Every
      dropped probability is below that, so the mass dropped per token is at most FILTER_MASS = 2^-10,
      |change of dE_i| <= FILTER_MASS g_i max|C| and |change of dC_v| <= FILTER_MASS / V sum_i g_i max|E|.
-   - filter="loose": M_t = max over the block's valid rows i of the tile's non-target mass sum_{v in t} p_iv
-     (from the forward's per-row tile log-sum-exp). Of the tiles "exact" keeps, those of smallest M_t are
+   - filter="loose": the forward walks the vocabulary sorted by mean logit over the batch (likely tokens share
+     tiles; every kernel here follows that order, dC rows written through it), and M_t = max over the block's
+     valid rows i of the tile's non-target mass sum_{v in t} p_iv (from the forward's per-row tile
+     log-sum-exp). Of the tiles "exact" keeps (in that order), those of smallest M_t are
      skipped while their sum stays <= LOOSE_MASS - FILTER_MASS. So the mass dropped per token is at most
      LOOSE_MASS = 2^-8: |change of dE_i| <= LOOSE_MASS g_i max|C|, sum_v |change of dC_v| <= LOOSE_MASS
      sum_i g_i max|E|; it skips every tile "exact" skips. Like Cut Cross-Entropy's filter (every |dz| < 2^-12),
@@ -61,14 +63,15 @@ TILES = BackwardTiles()
 
 @triton.jit
 def _dz_kernel(
-    E, C, Y, LSE, G, GSCALE, ACTIVE, DZ,
+    E, C, Y, PERM, LSE, G, GSCALE, ACTIVE, DZ,
     N, V, D, r0, c0, vc, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DENSE_UNIFORM: tl.constexpr,
+    MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DENSE_UNIFORM: tl.constexpr, HAS_PERM: tl.constexpr,
     DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """dZ[i - r0, v - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
-    softcap) for one (BLOCK_N x BLOCK_V) tile of the chunk starting at row r0, vocabulary entry c0."""
+    """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
+    softcap), v = PERM[j] (v = j without HAS_PERM), for one (BLOCK_N x BLOCK_V) tile of the chunk starting at
+    row r0, vocabulary position c0."""
     pid = tl.program_id(0)
     tiles_v = tl.cdiv(vc, BLOCK_V)
     tn = pid // tiles_v
@@ -80,6 +83,8 @@ def _dz_kernel(
     cols = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < N
     col_ok = cols < V
+    if HAS_PERM:
+        cols = tl.load(PERM + tl.minimum(cols, V - 1))
     z = logits_tile(
         E, C, tl.minimum(rows, N - 1), tl.minimum(cols, V - 1), D, stride_en, stride_ed, stride_cv, stride_cd,
         BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, DOT_UPCAST, DOT_PRECISION,
@@ -95,18 +100,20 @@ def _dz_kernel(
     dz = dz * g[:, None]
     if HAS_SOFTCAP:
         dz = dz * (1.0 - (z / softcap) * (z / softcap))
-    out = DZ + (rows - r0).to(tl.int64)[:, None] * stride_dz + (cols - c0)[None, :]
+    out = DZ + (rows - r0).to(tl.int64)[:, None] * stride_dz + (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :]
     tl.store(out, dz.to(DZ.dtype.element_ty))
 
 
 @triton.jit
 def _dc_tile(
-    pid, DZ, E, DC, ACTIVE, gscale, N, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed, stride_dcv,
+    pid, DZ, E, DC, PERM, ACTIVE, gscale, N, V, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed, stride_dcv,
     stride_dcd, num_vtiles,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
-    MASK_V: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    """dC[c0 + tile] += gscale * dZ[:, tile]^T @ E[r0 : r0 + nr] for one (BLOCK_M x BLOCK_D) tile."""
+    """dC[v] += gscale * dZ[:, j - c0]^T @ E[r0 : r0 + nr] for the positions j of one (BLOCK_M x BLOCK_D) tile,
+    v = PERM[j] (v = j without HAS_PERM)."""
     d_tiles = tl.cdiv(D, BLOCK_D)
     tv = pid // d_tiles
     vl = tv * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -128,20 +135,25 @@ def _dc_tile(
             n_active += 1
     if n_active > 0:
         ok = (vl < vc)[:, None] & d_ok[None, :]
-        ptrs = DC + (c0 + vl).to(tl.int64)[:, None] * stride_dcv + ds[None, :] * stride_dcd
+        vs = c0 + vl
+        if HAS_PERM:
+            vs = tl.load(PERM + tl.minimum(vs, V - 1))
+        ptrs = DC + vs.to(tl.int64)[:, None] * stride_dcv + ds[None, :] * stride_dcd
         old = tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
         tl.store(ptrs, (old + gscale * acc).to(DC.dtype.element_ty), mask=ok)
 
 
 @triton.jit
 def _de_tile(
-    pid, DZ, C, ACC, ACC_LO, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz, stride_cv, stride_cd, num_vtiles,
+    pid, DZ, C, PERM, ACC, ACC_LO, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz, stride_cv, stride_cd,
+    num_vtiles,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
-    MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, HAS_PERM: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """ACC[r0 + tile] += gscale * dZ[tile, :] @ C[c0 : c0 + vc] for one (BLOCK_M x BLOCK_D) tile. ACC is
-    float32, or with SPLIT_ACC a (hi, lo) pair of 16-bit tensors holding the sum hi + lo."""
+    """ACC[r0 + tile] += gscale * dZ[tile, :] @ C[PERM[c0 : c0 + vc]] (C[c0 : c0 + vc] without HAS_PERM) for one
+    (BLOCK_M x BLOCK_D) tile. ACC is float32, or with SPLIT_ACC a (hi, lo) pair of 16-bit tensors holding the
+    sum hi + lo."""
     d_tiles = tl.cdiv(D, BLOCK_D)
     tn = pid // d_tiles
     nl = tn * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -156,7 +168,10 @@ def _de_tile(
             active = tl.load(ACTIVE + ((r0 + tn * BLOCK_M) // MASK_N) * num_vtiles + (c0 + k) // MASK_V) != 0
         if active:
             a = tl.load(DZ + nl.to(tl.int64)[:, None] * stride_dz + (k + ks)[None, :])
-            vs = tl.minimum(c0 + k + ks, V - 1).to(tl.int64)
+            vs = tl.minimum(c0 + k + ks, V - 1)
+            if HAS_PERM:
+                vs = tl.load(PERM + vs)
+            vs = vs.to(tl.int64)
             b = tl.load(C + vs[:, None] * stride_cv + ds[None, :] * stride_cd, mask=d_ok[None, :], other=0.0)
             acc = dot_acc(a, b, acc, DOT_UPCAST, DOT_PRECISION)
             n_active += 1
@@ -175,12 +190,12 @@ def _de_tile(
 
 @triton.jit
 def _grad_gemm_kernel(
-    DZ, E, C, DC, ACC, ACC_LO, ACTIVE, GSCALE,
+    DZ, E, C, DC, ACC, ACC_LO, PERM, ACTIVE, GSCALE,
     N, V, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed, stride_cv, stride_cd, stride_dcv, stride_dcd,
     num_vtiles, num_dc_programs,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
     MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, HAS_DC: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One launch for both gradient GEMMs of a chunk: programs [0, num_dc_programs) do dC (the longer
     reduction, so they start first), the rest dE. Without HAS_DC (dC done elsewhere) it needs fewer registers."""
@@ -188,14 +203,15 @@ def _grad_gemm_kernel(
     gscale = tl.load(GSCALE)
     if HAS_DC and pid < num_dc_programs:
         _dc_tile(
-            pid, DZ, E, DC, ACTIVE, gscale, N, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed, stride_dcv,
-            stride_dcd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, DOT_UPCAST, DOT_PRECISION,
+            pid, DZ, E, DC, PERM, ACTIVE, gscale, N, V, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed,
+            stride_dcv, stride_dcd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, HAS_PERM,
+            DOT_UPCAST, DOT_PRECISION,
         )
     else:
         _de_tile(
-            pid - num_dc_programs, DZ, C, ACC, ACC_LO, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz,
+            pid - num_dc_programs, DZ, C, PERM, ACC, ACC_LO, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz,
             stride_cv, stride_cd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, SPLIT_ACC,
-            DOT_UPCAST, DOT_PRECISION,
+            HAS_PERM, DOT_UPCAST, DOT_PRECISION,
         )
 
 
@@ -328,7 +344,7 @@ def triton_backward(
     need_hidden_grad: bool, need_weight_grad: bool,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dE, dC) of sum_i g_i loss_i; see the module docstring for the decomposition and the filters."""
-    lse, z_y, rest_prob, tile_max, tile_log_mass = saved
+    lse, z_y, rest_prob, tile_max, tile_log_mass, order = saved
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -358,8 +374,8 @@ def triton_backward(
         d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     if n > 0:
         _softmax_part(
-            hidden, weight, y, lse, g, gscale, tile_max, tile_log_mass, d_weight, d_hidden, acc_lo, beta, softcap,
-            filter,
+            hidden, weight, y, lse, g, gscale, tile_max, tile_log_mass, order, d_weight, d_hidden, acc_lo, beta,
+            softcap, filter,
         )
     if d_hidden is not None:
         cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
@@ -384,11 +400,13 @@ def triton_backward(
 
 def _softmax_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-    gscale: torch.Tensor, tile_max: torch.Tensor, tile_log_mass: torch.Tensor, d_weight: torch.Tensor | None,
-    acc: torch.Tensor | None, acc_lo: torch.Tensor | None, beta: float, softcap: float | None, filter: str,
+    gscale: torch.Tensor, tile_max: torch.Tensor, tile_log_mass: torch.Tensor, order: torch.Tensor,
+    d_weight: torch.Tensor | None, acc: torch.Tensor | None, acc_lo: torch.Tensor | None, beta: float,
+    softcap: float | None, filter: str,
 ) -> None:
-    """dC += (softmax part)^T E and acc += (softmax part) C, chunk by chunk of rows and vocabulary. Chunks
-    without an active tile are skipped; fully active ones run the unmasked kernels, and cuBLAS for dC."""
+    """dC += (softmax part)^T E and acc += (softmax part) C, chunk by chunk of rows and vocabulary positions
+    (vocabulary entry order[j] at position j when order is not empty). Chunks without an active tile are
+    skipped; fully active ones run the unmasked kernels, and cuBLAS for dC."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     ft, bt = forward.TILES, TILES
@@ -405,6 +423,8 @@ def _softmax_part(
     chunk_vocab = min(bt.chunk_vocab, num_vtiles * ft.block_v)
     chunk_rows = min(row_blocks, max(1, bt.dz_elements // (chunk_vocab * ft.block_n))) * ft.block_n
     dz = torch.empty(chunk_rows, chunk_vocab, dtype=hidden.dtype, device=hidden.device)
+    has_perm = order.numel() > 0
+    perm = order if has_perm else y  # y: an unused pointer otherwise
     flags = dot_flags(hidden.dtype)
     d_tiles = triton.cdiv(d, bt.gemm_d)
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
@@ -422,26 +442,30 @@ def _softmax_part(
                 continue
             masked = not block.all()
             _dz_kernel[((rb1 - rb0) * (vt1 - vt0),)](
-                hidden, weight, y, lse, g, gscale, active_i8, dz,
+                hidden, weight, y, perm, lse, g, gscale, active_i8, dz,
                 n, vocab, d, r0, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
                 beta / vocab, softcap or 1.0,
                 BLOCK_N=ft.block_n, BLOCK_V=ft.block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
-                MASKED=masked, HAS_SOFTCAP=softcap is not None, DENSE_UNIFORM=dense_uniform,
+                MASKED=masked, HAS_SOFTCAP=softcap is not None, DENSE_UNIFORM=dense_uniform, HAS_PERM=has_perm,
                 num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
             )
             cublas_dc = use_cublas and not masked
-            if cublas_dc:  # d_weight holds u plus earlier row chunks: addmm_ rounds once per row chunk
+            if cublas_dc and not has_perm:  # d_weight holds u plus earlier row chunks: one rounding per row chunk
                 d_weight[c0 : c0 + vc].addmm_(dz[:nr, :vc].T, e_rows[r0 : r0 + nr], alpha=gscale_value)
+            elif cublas_dc:  # the chunk's rows gathered, updated with one rounding, scattered back
+                rows = order[c0 : c0 + vc]
+                part = d_weight.index_select(0, rows)
+                d_weight.index_copy_(0, rows, part.addmm_(dz[:nr, :vc].T, e_rows[r0 : r0 + nr], alpha=gscale_value))
             n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None and not cublas_dc else 0
             n_de = triton.cdiv(nr, bt.gemm_m) * d_tiles if acc is not None else 0
             if n_dc + n_de == 0:
                 continue
             _grad_gemm_kernel[(n_dc + n_de,)](
                 dz, hidden, weight, dc[0], acc if acc is not None else dz, acc_lo if acc_lo is not None else dz,
-                active_i8, gscale,
+                perm, active_i8, gscale,
                 n, vocab, d, r0, nr, c0, vc, dz.stride(0), *hidden.stride(), *weight.stride(), *dc[1:],
                 num_vtiles, n_dc,
                 BLOCK_M=bt.gemm_m, BLOCK_D=bt.gemm_d, BLOCK_K=bt.gemm_k, MASK_N=ft.block_n, MASK_V=ft.block_v,
-                MASKED=masked, SPLIT_ACC=acc is not None and acc is not acc_lo, HAS_DC=n_dc > 0,
+                MASKED=masked, SPLIT_ACC=acc is not None and acc is not acc_lo, HAS_DC=n_dc > 0, HAS_PERM=has_perm,
                 num_warps=bt.gemm_warps, num_stages=bt.gemm_stages, **flags,
             )

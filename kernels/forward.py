@@ -6,6 +6,8 @@ For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s *
   stores, per (row block, tile), the largest non-target logit of the tile's valid rows, and with ROW_MASS (for
   filter="loose") each row's log-sum-exp of the tile's non-target logits, (tiles, N): the combine step turns
   it into max over the block's valid rows of log(the tile's non-target probability mass), (row blocks, tiles).
+  With HAS_PERM (filter="loose") tile position j holds vocabulary entry PERM[j]: a vocabulary order in which
+  likely tokens share tiles.
 - `_target_logit_kernel`: z_iy, one dot product per token.
 - `triton_forward` combines the splits: LSE_i = logaddexp(m + log s, z_iy) and
   loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv.
@@ -37,10 +39,11 @@ TILES = ForwardTiles()
 
 @triton.jit
 def _lse_forward_kernel(
-    E, C, Y, M_out, S_out, ZSUM_out, TMAX_out, TLSE_out,
+    E, C, Y, PERM, M_out, S_out, ZSUM_out, TMAX_out, TLSE_out,
     N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tiles_per_split, num_vtiles, stride_tlse, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, ROW_MASS: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, ROW_MASS: tl.constexpr, HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_rblocks = tl.cdiv(N, BLOCK_N)
@@ -59,6 +62,8 @@ def _lse_forward_kernel(
     for t in range(t_begin, t_end):
         cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
         col_ok = cols < V
+        if HAS_PERM:  # tile positions -> vocabulary ids
+            cols = tl.load(PERM + tl.minimum(cols, V - 1))
         z = logits_tile(
             E, C, rows_c, tl.minimum(cols, V - 1), D, stride_en, stride_ed, stride_cv, stride_cd,
             BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, DOT_UPCAST, DOT_PRECISION,
@@ -131,7 +136,10 @@ def triton_forward(
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, tile max,
-    tile log-mass)); the tile log-mass (row blocks, tiles) is computed for filter="loose" only (else empty)."""
+    tile log-mass, vocabulary order)). For filter="loose" the vocabulary is walked in the order of descending
+    mean logit over the batch (C @ mean_i E_i), so that likely tokens share tiles (tiles, their statistics and
+    the backward follow that order), and the tile log-mass (row blocks, tiles) is computed. For "exact" (and
+    for softcap with beta > 0, which filters nothing) both are empty: the natural order, no log-mass."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -149,16 +157,21 @@ def triton_forward(
     s_part, zsum_part = torch.empty_like(m_part), torch.empty_like(m_part)
     tile_max = torch.empty(row_blocks, vocab_tiles, dtype=torch.float32, device=dev)
     row_mass = filter == "loose"
+    order = torch.empty(0, dtype=torch.int64, device=dev)
+    if row_mass and not (softcap is not None and label_smoothing > 0.0):
+        mean_hidden = hidden.mean(dim=0, dtype=torch.float32).to(weight.dtype)
+        order = torch.argsort(torch.mv(weight, mean_hidden).float(), descending=True)
     padded = row_blocks * t.block_n
     # (tiles, padded N) float32: 32 MiB at N = 8192, V = 262144, freed at the end of the forward
     tile_lse = torch.empty(vocab_tiles if row_mass else 0, padded, dtype=torch.float32, device=dev)
     if n > 0:
         _lse_forward_kernel[(row_blocks * splits,)](
-            hidden, weight, y, m_part, s_part, zsum_part, tile_max, tile_lse if row_mass else tile_max,
+            hidden, weight, y, order if order.numel() else y, m_part, s_part, zsum_part, tile_max,
+            tile_lse if row_mass else tile_max,
             n, vocab, d, *hidden.stride(), *weight.stride(), tiles_per_split, vocab_tiles, padded,
             softcap or 1.0,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, ROW_MASS=row_mass,
-            num_warps=t.num_warps, num_stages=t.num_stages, **tl_args,
+            HAS_PERM=order.numel() > 0, num_warps=t.num_warps, num_stages=t.num_stages, **tl_args,
         )
     z_y = torch.empty(n, dtype=torch.float32, device=dev)
     if n > 0:
@@ -183,4 +196,4 @@ def triton_forward(
         tile_lse[:, :n].sub_(lse)
         tile_lse.masked_fill_(~torch.nn.functional.pad(valid, (0, padded - n), value=False), float("-inf"))
         tile_lse = tile_lse.view(vocab_tiles, row_blocks, t.block_n).amax(dim=2).T.contiguous()
-    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, tile_max, tile_lse)
+    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, tile_max, tile_lse, order)

@@ -92,17 +92,20 @@ def truth_and_torch(
 
 def filtered_truth(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, block_n: int,
-    block_v: int, label_smoothing: float = 0.0,
+    block_v: int, label_smoothing: float = 0.0, order: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """float64 (loss, dhidden, dweight, dropped mass per token) of reduction="mean" with the softmax part p_iv
-    (v != y_i) zeroed where keep[i // block_n, v // block_v] is False: exactly what a backward filtering those
-    tiles computes (the loss, the target column and the uniform -beta / V part are never filtered)."""
+    (v != y_i) zeroed where keep[i // block_n, j // block_v] is False, j the position of v (v = order[j] if
+    order is given, else v = j): exactly what a backward filtering those tiles computes (the loss, the target
+    column and the uniform -beta / V part are never filtered)."""
     e, c = hidden.double(), weight.double()
     valid = targets != -100
     y = torch.where(valid, targets, 0)
     logits = e @ c.T
     p = logits.softmax(dim=1)
     kept = keep.repeat_interleave(block_n, 0)[: e.shape[0]].repeat_interleave(block_v, 1)[:, : c.shape[0]]
+    if order is not None:
+        kept = torch.empty_like(kept).index_copy_(1, order, kept)
     is_target = torch.nn.functional.one_hot(y, c.shape[0]).bool()
     kept = kept | is_target
     g = valid.double() / valid.sum().clamp_min(1)

@@ -36,7 +36,7 @@ def test_paper_shape(peaked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     assert_accurate(ours, truth, _torch_bf16(hidden, weight, targets, **kw), torch.bfloat16)
     if not peaked:
         return
-    _, lse, _, _, (_, _, _, tile_max, _) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None)
+    _, lse, _, _, (_, _, _, tile_max, _, _) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None)
     g = (targets != -100).float() / (targets != -100).sum()
     assert backward.active_tiles(tile_max, lse, g, V).float().mean().item() < 0.01
     mass = backward.FILTER_MASS
@@ -86,15 +86,16 @@ def test_loose_filter() -> None:
     hidden[128:256] *= 0.05
     hidden[256:384] *= 0.5
     kw = dict(label_smoothing=0.1)
-    _, lse, _, _, (_, _, _, tile_max, log_mass) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None,
-                                                                        "loose")
+    _, lse, _, _, (_, _, _, tile_max, log_mass, order) = forward.triton_forward(
+        hidden, weight, targets, 0.1, -100, None, "loose",
+    )
     g = (targets != -100).float() / (targets != -100).sum()
     exact = backward.active_tiles(tile_max, lse, g, 50000)
     loose = backward.loose_active_tiles(exact, log_mass)
     assert (loose <= exact).all()
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="loose", **kw)
     *filtered, dropped = filtered_truth(hidden, weight, targets, loose, forward.TILES.block_n,
-                                        forward.TILES.block_v, 0.1)
+                                        forward.TILES.block_v, 0.1, order)
     assert dropped.max().item() <= backward.LOOSE_MASS
     truth, own = truth_and_torch(hidden, weight, targets, **kw)
     assert_accurate(ours, tuple(filtered), tuple(f + (o - t) for f, o, t in zip(filtered, own, truth)), torch.bfloat16)
