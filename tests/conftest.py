@@ -4,10 +4,40 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
+
+
+def _define_triton_kernels_interpreted() -> None:
+    """On a machine without CUDA, define Triton's library and our kernels under TRITON_INTERPRET=1.
+
+    Triton reads the flag when a ``@triton.jit`` function is defined, its own library included, and the first
+    import of transformers' models (through torch._dynamo) imports Triton: so it is done here, before any test
+    module is collected. The variable is restored afterwards, so that CPU calls elsewhere keep the PyTorch path;
+    tests/kernels/test_triton_interpret.py sets it for its own tests.
+    """
+    if torch.cuda.is_available() or "triton" in sys.modules:
+        return
+    user_value = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+
+        from kernels import triton_backend  # noqa: F401
+    except ImportError:  # no Triton on this platform: the interpreter tests are skipped there
+        pass
+    finally:
+        if user_value is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = user_value
+
+
+_define_triton_kernels_interpreted()
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
