@@ -22,7 +22,7 @@ and for "loose" rows "rel. diff" is max(|dE_loose - dE_exact|) / max|dE_exact| (
 Usage (repo root, GPU machine):
     python benchmarks/bench_linear_ce.py --out results/bench_linear_ce.json      # random and peaked
     python benchmarks/bench_linear_ce.py --inputs real random    # real inputs from .gpu_lce/ (below)
-    python benchmarks/bench_linear_ce.py --tiles          # our kernel under a few tile configurations
+    python benchmarks/bench_linear_ce.py --tiles --inputs real random   # our kernel under a few chunk configurations
     python benchmarks/bench_linear_ce.py --profile        # CUDA time per kernel of our forward + backward
     python benchmarks/bench_linear_ce.py --n 256 --vocab 1024 --dim 64 --device cpu --iters 2   # harness dry run
 
@@ -274,25 +274,31 @@ def run_all(args: argparse.Namespace) -> list[dict]:
 
 
 def run_tiles(args: argparse.Namespace) -> list[dict]:
-    """Our kernel (beta = 0.1, random inputs) under a few forward / backward tile configurations."""
+    """Our kernel (exact filter) under a few backward chunk and tile configurations, on every --inputs, beta 0
+    and 0.1 (the chunk sizes set how many host iterations the backward makes: few matter at small D)."""
     configs = [  # the GEMM tiles that compile without register spills on sm_90 (128 x 128, 8 warps)
-        (forward.ForwardTiles(), backward.BackwardTiles()),
-        (forward.ForwardTiles(), backward.BackwardTiles(dense_dc_cublas=False)),
-        (forward.ForwardTiles(), backward.BackwardTiles(chunk_vocab=1024)),
-        (forward.ForwardTiles(), backward.BackwardTiles(gemm_stages=4)),
+        backward.BackwardTiles(),
+        backward.BackwardTiles(dz_elements=1 << 23, chunk_vocab=2048),  # before 2026-11-24: 16 MiB dZ
+        backward.BackwardTiles(dz_elements=1 << 24, chunk_vocab=4096),
+        backward.BackwardTiles(chunk_vocab=8192),
+        backward.BackwardTiles(dense_dc_cublas=False),
     ]
-    inputs = make_inputs("random", args.n, args.vocab, args.dim, args.device)
     rows = []
-    for ft, bt in configs:
-        forward.TILES, backward.TILES = ft, bt
-        row = {"forward_tiles": dataclasses.asdict(ft), "backward_tiles": dataclasses.asdict(bt)}
-        try:
-            row.update(measure(methods(0.1, args.device)["ours exact"], inputs, args.device, args.warmup, args.iters))
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        write(args.out, rows, args)
+    for label, shape, inputs in make_all_inputs(args):
+        for bt in configs:
+            backward.TILES = bt
+            for beta in (0.0, 0.1):
+                row = {"input": label, "beta": beta, **{k: v for k, v in shape.items() if k != "facts"},
+                       "backward_tiles": dataclasses.asdict(bt)}
+                try:
+                    row.update(measure(methods(beta, args.device)["ours exact"], inputs, args.device, args.warmup,
+                                       args.iters))
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                write(args.out, rows, args)
+    backward.TILES = backward.BackwardTiles()
     return rows
 
 

@@ -1,10 +1,13 @@
 """Does SFT with the fused kernel track the PyTorch path? Same seed, same data, N steps each; compare loss curves.
 
     python benchmarks/sft_kernel_parity.py --family smollm2-135m --steps 200 --out parity.json
+    python benchmarks/sft_kernel_parity.py --family gemma3-270m --impls torch fused loose --out loose.json
 
-Runs ``trainable.worker.run_trial`` twice (``train.loss_impl`` = fused, then torch: logits + F.cross_entropy),
-one process, one rank, and reports the per-step loss difference against the run-to-run noise of bf16 (the
-largest step-to-step change of the torch curve is printed for scale). Writes JSON and a PNG of both curves.
+Runs ``trainable.worker.run_trial`` once per implementation, one process, one rank: ``torch`` (logits +
+F.cross_entropy, the reference), ``fused`` (kernels.linear_cross_entropy, filter="exact") and ``loose`` (the same
+with filter="loose"). Reports each curve's per-step loss difference from the reference's, and loose's from
+fused's, against the noise of bf16 training: |fused - torch| is what two exact implementations differ by (the
+largest step-to-step change of the torch curve is printed for scale). Writes JSON and a PNG of the curves.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+IMPLS = ("torch", "fused", "loose")  # loss_impl torch | fused with filter exact | fused with filter loose
 
 
 def _init_one_rank() -> None:
@@ -45,14 +51,16 @@ def run(args: argparse.Namespace) -> dict:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _init_one_rank()
     curves = {}
-    for impl in ("fused", "torch"):
+    for impl in args.impls:
         trial = TrialConfig.from_dict(dict(
             run_name="parity", trial_id=impl, family=args.family, learning_rate=args.lr,
             label_smoothing=args.beta, seed=args.seed, data_dir=args.data_dir,
             custom_models=json.loads(args.custom_models) if args.custom_models else {},
             sft={"max_examples": args.steps * args.micro_batch, "max_seq_len": args.seq_len},
             train={"max_steps": args.steps, "micro_batch_size": args.micro_batch, "zero_stage": args.zero_stage,
-                   "precision": args.precision, "loss_impl": impl, "warmup_ratio": 0.05},
+                   "precision": args.precision, "loss_impl": "torch" if impl == "torch" else "fused",
+                   "loss_filter": "loose" if impl == "loose" else "exact", "warmup_ratio": 0.05,
+                   "log_every": 1},
             eval={"tasks": []}))
         reports: list[dict] = []
         started = time.time()
@@ -60,15 +68,20 @@ def run(args: argparse.Namespace) -> dict:
         curves[impl] = {"loss": [r["train_loss"] for r in reports if r["phase"] == "train"],
                         "seconds": time.time() - started}
         torch.cuda.empty_cache() if device.type == "cuda" else None
-    fused, reference = curves["fused"]["loss"], curves["torch"]["loss"]
-    diffs = [abs(a - b) for a, b in zip(fused, reference)]
+    reference = curves[args.impls[0]]["loss"]
     noise = max(abs(b - a) for a, b in zip(reference, reference[1:])) if len(reference) > 1 else 0.0
-    tail = slice(max(0, len(diffs) - 20), len(diffs))
+    pairs = [(impl, args.impls[0]) for impl in args.impls[1:]]
+    pairs += [("loose", "fused")] if {"loose", "fused"} <= set(args.impls) else []
+    diffs = {f"{a} - {b}": [x - y for x, y in zip(curves[a]["loss"], curves[b]["loss"])] for a, b in pairs}
+    for curve in curves.values():
+        tail = curve["loss"][-20:]
+        curve["final"] = sum(tail) / len(tail)
     return {"family": args.family, "steps": args.steps, "beta": args.beta, "precision": args.precision,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "date": time.strftime("%Y-%m-%d"), "max_abs_diff": max(diffs), "mean_abs_diff": sum(diffs) / len(diffs),
-            "final_fused": sum(fused[tail]) / len(fused[tail]), "final_torch": sum(reference[tail]) / len(reference[tail]),
-            "largest_step_change_torch": noise, "curves": curves}
+            "date": time.strftime("%Y-%m-%d"), "reference": args.impls[0],
+            "diffs": {name: {"max_abs": max(map(abs, d)), "mean_abs": sum(map(abs, d)) / len(d),
+                             "mean": sum(d) / len(d)} for name, d in diffs.items()},
+            "largest_step_change_reference": noise, "curves": curves}
 
 
 def plot(result: dict, path: str) -> None:
@@ -78,7 +91,7 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for impl, style in (("torch", "-"), ("fused", "--")):
+    for impl, style in zip(result["curves"], ("-", "--", ":")):
         ax.plot(result["curves"][impl]["loss"], style, label=f"{impl} ({result['curves'][impl]['seconds']:.0f} s)")
     ax.set(xlabel="optimiser step", ylabel="train loss (label-smoothed)",
            title=f"{result['family']} beta={result['beta']} {result['precision']} on {result['device']}")
@@ -87,10 +100,12 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="smollm2-135m")
     parser.add_argument("--custom-models", default=None, help="JSON of custom_models (random-init families)")
+    parser.add_argument("--impls", nargs="+", default=["torch", "fused"], choices=IMPLS,
+                        help="implementations, the first is the reference")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=512)
@@ -101,14 +116,16 @@ def main() -> None:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default="sft_kernel_parity.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     result = run(args)
     print(f"{'impl':<6} {'final loss (mean of last 20)':>30} {'seconds':>8}")
-    for impl in ("fused", "torch"):
-        print(f"{impl:<6} {result[f'final_{impl}']:>30.5f} {result['curves'][impl]['seconds']:>8.1f}")
-    print(f"max |fused - torch| over {result['steps']} steps: {result['max_abs_diff']:.5f} "
-          f"(mean {result['mean_abs_diff']:.5f}; largest step-to-step change of the torch curve "
-          f"{result['largest_step_change_torch']:.5f})")
+    for impl, curve in result["curves"].items():
+        print(f"{impl:<6} {curve['final']:>30.5f} {curve['seconds']:>8.1f}")
+    for name, d in result["diffs"].items():
+        print(f"{name:<15} over {result['steps']} steps: max |diff| {d['max_abs']:.5f}, mean |diff| "
+              f"{d['mean_abs']:.5f}, mean diff {d['mean']:+.5f}")
+    print(f"largest step-to-step change of the {result['reference']} curve: "
+          f"{result['largest_step_change_reference']:.5f}")
     Path(args.out).write_text(json.dumps(result, indent=1))
     plot(result, str(Path(args.out).with_suffix(".png")))
 

@@ -48,8 +48,8 @@ LOOSE_MASS = 2.0**-8  # filter="loose"
 
 @dataclass(frozen=True)
 class BackwardTiles:
-    dz_elements: int = 1 << 23  # size of the dZ chunk (chunk rows x chunk_vocab)
-    chunk_vocab: int = 2048  # multiple of block_v; dE is read and written once per vocabulary chunk
+    dz_elements: int = 1 << 25  # size of the dZ chunk (chunk rows x chunk_vocab): 64 MiB in bf16
+    chunk_vocab: int = 4096  # multiple of block_v; dE is read and written once per vocabulary chunk
     gemm_m: int = 128  # output rows of the dC / dE GEMM tiles; divides block_n and block_v
     gemm_d: int = 128
     gemm_k: int = 64

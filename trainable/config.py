@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernels.api import FILTERS
+
 
 class ConfigError(ValueError):
     """One or more invalid config entries: ``problems`` lists each as 'where.key: expected X, got Y'; the message
@@ -81,6 +83,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     dropout: float | None = None  # sets the model's attention/hidden dropout when given
     loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
+    loss_filter: str = "exact"  # fused kernel's gradient filter: exact (<= 2^-10 of mass dropped per token) | loose
     compile: bool | None = None  # torch.compile each decoder layer; null: on CUDA only (CPU compiles take minutes)
     pad_to_multiple: int | None = None  # right-pad batches to a multiple of this width; null: 64 on CUDA, 1 on CPU
     pack: bool | None = None  # several examples per fixed-width row (trainable/packing.py); null: on CUDA only
@@ -235,6 +238,8 @@ def _check_train(c: TrainConfig) -> list[str]:
         problems.append(f"pack_length: expected an integer >= 2 or null, got {c.pack_length!r}")
     if c.loss_impl not in ("fused", "torch"):
         problems.append(f"loss_impl: expected 'fused' or 'torch', got {c.loss_impl!r}")
+    if c.loss_filter not in FILTERS:
+        problems.append(f"loss_filter: expected one of {list(FILTERS)}, got {c.loss_filter!r}")
     if c.val_examples < 0:
         problems.append(f"val_examples: expected an integer >= 0, got {c.val_examples!r}")
     problems += _positive("val_every", c.val_every, allow_none=True)

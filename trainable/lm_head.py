@@ -29,9 +29,10 @@ class FusedLMHead(nn.Module):
         self.softcap = softcap
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, *, label_smoothing: float = 0.0,
-                loss_impl: str = "fused", reduction: str = "mean") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                loss_impl: str = "fused", reduction: str = "mean", filter: str = "exact",
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits, or with targets (loss over non-ignored tokens, their mean max-probability); ``reduction``
-        "mean" or "sum" of the per-token losses."""
+        "mean" or "sum" of the per-token losses; ``filter`` the fused kernel's gradient filter."""
         if targets is None:
             logits = F.linear(hidden, self.weight)
             return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
@@ -39,7 +40,7 @@ class FusedLMHead(nn.Module):
         if loss_impl == "fused":
             loss, stats = kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
                                                        ignore_index=IGNORE_INDEX, softcap=self.softcap,
-                                                       reduction=reduction, return_stats=True)
+                                                       reduction=reduction, return_stats=True, filter=filter)
             return loss, _masked_mean(stats.max_prob.flatten(), kept)
         logits = self.forward(hidden)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, -2)
@@ -77,12 +78,13 @@ class CausalLMWithFusedLoss(nn.Module):
     (training watches it without logits, and reads it only when it reports, so steps need no host sync).
     """
 
-    def __init__(self, model: nn.Module, label_smoothing: float, loss_impl: str = "fused"):
+    def __init__(self, model: nn.Module, label_smoothing: float, loss_impl: str = "fused", loss_filter: str = "exact"):
         super().__init__()
         self.model = model
         self.head = install_fused_head(model)
         self.label_smoothing = label_smoothing
         self.loss_impl = loss_impl
+        self.loss_filter = loss_filter
         self.last_confidence = torch.tensor(float("nan"))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
@@ -93,6 +95,6 @@ class CausalLMWithFusedLoss(nn.Module):
                          use_cache=False).last_hidden_state
         targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
         loss, confidence = self.head(hidden, targets, label_smoothing=self.label_smoothing, loss_impl=self.loss_impl,
-                                     reduction="mean" if loss_divisor is None else "sum")
+                                     reduction="mean" if loss_divisor is None else "sum", filter=self.loss_filter)
         self.last_confidence = confidence.detach()
         return loss if loss_divisor is None else loss / loss_divisor

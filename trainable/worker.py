@@ -109,7 +109,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     per_epoch = steps_per_epoch(epoch_batches, trial.train.micro_batch_size,
                                 trial.train.gradient_accumulation_steps, world_size)
     total_steps = trial.train.max_steps or max(1, math.ceil(trial.train.epochs * per_epoch))
-    wrapped = CausalLMWithFusedLoss(model, trial.label_smoothing, trial.train.loss_impl)
+    wrapped = CausalLMWithFusedLoss(model, trial.label_smoothing, trial.train.loss_impl, trial.train.loss_filter)
 
     from trainable.deepspeed_setup import build_engine
 

@@ -52,3 +52,14 @@ def test_fused_equals_torch_logits_path_with_smoothing(arch, extra):
     torch.testing.assert_close(fused, reference, rtol=1e-9, atol=1e-10)
     for a, b in zip(fused_grads, reference_grads):
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
+
+
+def test_the_loss_filter_reaches_the_kernel(tiny_llama_config) -> None:
+    import transformers
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**tiny_llama_config))
+    ids = torch.randint(0, tiny_llama_config["vocab_size"], (1, 8))
+    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+    CausalLMWithFusedLoss(model, 0.1, loss_filter="loose")(**batch)  # accepted (exact on the CPU path)
+    with pytest.raises(ValueError, match="expected filter in \\('exact', 'loose'\\), got 'fast'"):
+        CausalLMWithFusedLoss(model, 0.1, loss_filter="fast")(**batch)

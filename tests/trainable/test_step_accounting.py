@@ -44,6 +44,8 @@ def _micro_batches() -> list[list[dict[str, torch.Tensor]]]:
 def _rank_gradients(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
+    if dist.is_initialized():  # forked from a test session whose one-rank group (tests/conftest.py) is up
+        dist.destroy_process_group()
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     from trainable.deepspeed_setup import build_engine
 
