@@ -5,7 +5,7 @@ A checkpoint is one directory (Ray Train merges every rank's files into it):
     deepspeed/trial/...   DeepSpeed's own checkpoint: model states, each rank's ZeRO optimizer shard, LR schedule
     loop.json             the loop's position (rank 0): optimiser steps done, losses so far, tokens
     rng_rank<r>.pt        rank r's Python, NumPy and torch RNG states (dropout draws continue where they were)
-    trial.json            the trial's config (rank 0), so that a checkpoint of another config is not resumed
+    trial.json            the trial's config and workers (rank 0): a checkpoint of another config is not resumed
 
 The final report's checkpoint holds ``final_metrics.json`` and ``questions.parquet`` (the per-question records)
 with ``trial.json``: a trial found finished is reported again without training or scoring.
@@ -55,7 +55,14 @@ def _set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def save(engine, directory: Path, state: LoopState, trial_config: dict[str, Any], rank: int) -> None:
+def write_trial_record(directory: Path, trial_config: dict[str, Any], world_size: int) -> None:
+    """``trial.json``: the config a checkpoint comes from, and its number of workers (``read_trial_record``)."""
+    record = {"config": trial_config, "world_size": world_size}
+    (directory / TRIAL_FILE).write_text(json.dumps(record, sort_keys=True, default=str))
+
+
+def save(engine, directory: Path, state: LoopState, trial_config: dict[str, Any], rank: int,
+         world_size: int) -> None:
     """Write this rank's part of a checkpoint into ``directory`` (a local folder of its own). Every rank must call
     it at the same step: DeepSpeed's save is collective (each rank writes its ZeRO shard)."""
     (directory / DEEPSPEED_DIR).mkdir(parents=True, exist_ok=True)
@@ -63,7 +70,7 @@ def save(engine, directory: Path, state: LoopState, trial_config: dict[str, Any]
     torch.save(_rng_states(), directory / f"rng_rank{rank}.pt")
     if rank == 0:
         (directory / LOOP_FILE).write_text(json.dumps(asdict(state)))
-        (directory / TRIAL_FILE).write_text(json.dumps(trial_config, sort_keys=True, default=str))
+        write_trial_record(directory, trial_config, world_size)
 
 
 def loop_state(directory: Path) -> LoopState | None:

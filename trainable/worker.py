@@ -208,7 +208,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
             state = checkpointing.LoopState(step, total_steps, first_loss, step_loss, confidence, val_loss,
                                             prior_tokens + clock.tokens)
             with tempfile.TemporaryDirectory(prefix="calsweep-ckpt-") as directory:
-                checkpointing.save(engine, Path(directory), state, trial.to_dict(), rank)
+                checkpointing.save(engine, Path(directory), state, trial.to_dict(), rank, world_size)
                 report_checkpoint(metrics, Path(directory))
     clock.stop()
     train_s = clock.stopped - clock.started
@@ -252,16 +252,16 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         report_checkpoint(final, None)
     else:  # the final metrics travel with a checkpoint (what Ray's Result.metrics keeps), the questions with them
         with tempfile.TemporaryDirectory(prefix="calsweep-final-") as directory:
-            _write_final(Path(directory), final, records, trial)
+            _write_final(Path(directory), final, records, trial, world_size)
             report_checkpoint(final, Path(directory))
     return final
 
 
-def _write_final(directory: Path, final: dict[str, Any], records, trial: TrialConfig) -> None:
+def _write_final(directory: Path, final: dict[str, Any], records, trial: TrialConfig, world_size: int) -> None:
     import pyarrow.parquet as pq
 
     (directory / checkpointing.FINAL_FILE).write_text(json.dumps(final))
-    (directory / checkpointing.TRIAL_FILE).write_text(json.dumps(trial.to_dict(), sort_keys=True, default=str))
+    checkpointing.write_trial_record(directory, trial.to_dict(), world_size)
     if records is not None:
         pq.write_table(records, directory / checkpointing.QUESTIONS_FILE)
 
@@ -271,6 +271,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     checkpoint if it has one (a retried or resumed trial)."""
     import ray.train
     import ray.train.torch
+    from ray.train import CheckpointConsistencyMode
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -288,6 +289,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         if gauges:
             gauges.set(metrics)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory) if directory else None)
+        if metrics["phase"] == "train":  # training goes on once Ray Train has the checkpoint: a death from here on
+            ray.train.get_all_reported_checkpoints(consistency_mode=CheckpointConsistencyMode.COMMITTED)  # resumes it
 
     device, world_size = ray.train.torch.get_device(), context.get_world_size()
     checkpoint = ray.train.get_checkpoint()

@@ -106,7 +106,8 @@ def test_a_resume_on_other_batches_would_show(uninterrupted, tmp_path):
 
 def test_a_finished_trial_is_reported_again_with_its_questions(uninterrupted, tmp_path):
     trial, full, final = uninterrupted
-    assert json.loads((full.checkpoints["done4"] / checkpointing.TRIAL_FILE).read_text())["trial_id"] == "t0"
+    record = json.loads((full.checkpoints["done4"] / checkpointing.TRIAL_FILE).read_text())
+    assert record["config"] == json.loads(json.dumps(trial.to_dict())) and record["world_size"] == 1
     again, reported = _resumed_run(trial, tmp_path, full.checkpoints["done4"])
     assert reported == final and again.reports == [final] and not again.checkpoints
     assert store.read_questions(str(tmp_path), "unit").equals(store.read_questions(trial.results_dir, "unit"))
