@@ -1,11 +1,15 @@
-"""Mid-trial checkpoints in-process (no Ray): a trial resumed from its step-2 checkpoint runs steps 3-4 on the same
-batches, learning rates, optimizer state and dropout draws as the uninterrupted trial (bitwise on CPU fp32), under
-ZeRO-2 and ZeRO-3; a final checkpoint is reported again without training. The process-death test through Ray is
-tests/sweeps/test_trial_recovery.py."""
+"""Mid-trial checkpoints without Ray: a trial resumed from its step-2 checkpoint runs steps 3-4 on the same batches,
+learning rates, optimizer state and dropout draws as the uninterrupted trial (bitwise on CPU fp32), in this process
+(ZeRO-2) and in two rank processes (ZeRO-3: each rank's shard, merged as Ray Train merges them); a final checkpoint
+is reported again without training. The process-death tests through Ray are tests/sweeps/test_trial_recovery.py."""
 
 import dataclasses
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,8 @@ from trainable import checkpointing
 from trainable.config import TrialConfig
 from trainable.fault_injection import FAULT_ENV, fault_step
 from trainable.worker import run_trial
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _trial(tiny_llama_config, data_dir, tmp_path, **train) -> TrialConfig:
@@ -83,15 +89,64 @@ def test_a_resumed_trial_continues_where_the_checkpoint_stood(uninterrupted, tmp
     _assert_same_continuation(full, final, again, resumed)
 
 
-def test_a_resumed_zero3_trial_continues_where_the_checkpoint_stood(tiny_llama_config, data_dir, tmp_path,
-                                                                   one_rank_process_group):
+# one rank of a two-rank gloo group: runs the trial (from a checkpoint folder if given), copies each checkpoint it
+# reports into <out>/<phase><step> (the ranks' parts merged, as Ray Train does) and writes its reports to <out>
+RANK = """
+import json, os, shutil, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from trainable.config import TrialConfig
+from trainable.worker import run_trial
+config, out, resume = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+reports = []
+def keep(metrics, directory):
+    reports.append(metrics)
+    if directory is not None:
+        shutil.copytree(directory, out / f"{metrics['phase']}{metrics['step']}", dirs_exist_ok=True)
+run_trial(TrialConfig.from_dict(config), torch.device("cpu"), rank, 2, reports.append, keep,
+          Path(resume) if resume else None)
+(out / f"reports{rank}.json").write_text(json.dumps(reports))
+"""
+
+
+def _two_ranks(trial, out: Path, resume_from: Path | None = None) -> list[dict]:
+    """Rank 0's reports of the trial run by two processes (DS_ACCELERATOR=cpu, gloo)."""
+    out.mkdir(parents=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, json.dumps(trial.to_dict()), str(out),
+                               str(resume_from or "")], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    logs = [process.communicate(timeout=300)[0] for process in ranks]
+    assert all(process.returncode == 0 for process in ranks), logs[0][-3000:] + logs[1][-3000:]
+    return json.loads((out / "reports0.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_zero3_ranks_save_their_shards_and_resume_from_them(tiny_llama_config, data_dir, tmp_path):
     trial = _trial(tiny_llama_config, data_dir, tmp_path, zero_stage=3, checkpoint_every_steps=None,
-                   checkpoint_every_minutes=1e-9)  # the time rule: due after every step
-    full = Recorder(tmp_path / "full")
-    final = _run(trial, full)
-    assert sorted(full.checkpoints) == ["done4", "train1", "train2", "train3", "train4"]
-    again, resumed = _resumed_run(trial, tmp_path, full.checkpoints["train2"])
-    _assert_same_continuation(full, final, again, resumed)
+                   checkpoint_every_minutes=1e-9)  # the time rule, agreed across the ranks: due after every step
+    full = _two_ranks(trial, tmp_path / "full")
+    assert sorted(p.name for p in (tmp_path / "full").iterdir() if p.is_dir()) == \
+        ["done4", "train1", "train2", "train3", "train4"]
+    shards = sorted(p.name for p in (tmp_path / "full" / "train2" / "deepspeed" / "trial").iterdir())
+    assert [name for name in shards if "optim_states" in name] == ["zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                                                   "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert {p.name for p in (tmp_path / "full" / "train2").glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
+
+    resumed = _two_ranks(dataclasses.replace(trial, results_dir=str(tmp_path / "again")), tmp_path / "again",
+                         resume_from=tmp_path / "full" / "train2")
+    train = {r["step"]: r for r in full if r["phase"] == "train"}
+    assert [(r["step"], r["train_loss"], r["lr"]) for r in resumed if r["phase"] == "train"] == \
+        [(s, train[s]["train_loss"], train[s]["lr"]) for s in (3, 4)]
+    for key in ("train_loss", "train_loss_first", "val_loss", "train_tokens", "arc_easy_nll", "arc_easy_ece"):
+        assert resumed[-1][key] == full[-1][key], key
+    assert resumed[-1]["resumed_from_step"] == 2 and resumed[-1]["world_size"] == 2
 
 
 def test_a_resume_on_other_batches_would_show(uninterrupted, tmp_path):
