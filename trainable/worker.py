@@ -163,7 +163,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
             print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
     batches = itertools.chain([first_batch], batches)
-    if resumed:  # after the attention check: its probe leaves the RNGs as they were when the checkpoint was taken
+    if resumed:  # after the attention check: whatever its probe draws, training goes on with the checkpoint's RNGs
         checkpointing.restore(engine, resume_from, rank)
         if rank == 0:
             print(f"[calsweep] trial {trial.trial_id} resumes at step {start}/{total_steps} from {resume_from}",
