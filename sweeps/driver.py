@@ -5,6 +5,8 @@ trial's ``TorchTrainer`` (one or more workers running ``trainable.worker.train_f
 worker reports to Tune (``TuneReportCallback``), and writes the trial's row (ok, or failed with its error)
 to the results store. A trial already stored as ok is not run again (resume) if its stored config matches the
 current one (``sweeps.fingerprint``); one from another config is refused, or re-run with ``rerun_changed``.
+The trainer's checkpoints go to the results storage (the newest ``train.checkpoints_to_keep`` kept); a retried,
+resumed or re-run trial continues from the latest of its config (``sweeps.checkpoints``).
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import re
 import socket
 from typing import Any
 
-from sweeps import fingerprint, store
+from sweeps import checkpoints, fingerprint, store
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
 from trainable.config import TrialConfig
 
 ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_first", "val_loss", "train_confidence", "train_steps",
+                         "resumed_from_step",
                          "train_tokens", "tokens_per_s", "precision", "attention", "device", "world_size",
                          "model_source", "model_location", "wall_load_s", "wall_train_s", "wall_eval_s",
                          "wall_total_s")
@@ -104,7 +107,7 @@ def needs_run(sweep: SweepConfig, trial: TrialConfig, rerun_changed: bool) -> bo
 def trial_driver(params: dict[str, Any]) -> None:
     """Run one grid point as a TorchTrainer; record ok/failed in the store; re-raise failures for Tune."""
     import ray.tune
-    from ray.train import FailureConfig, RunConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -116,14 +119,19 @@ def trial_driver(params: dict[str, Any]) -> None:
         ray.tune.report({"phase": "done", "resumed_from_store": True})
         return
     started = _now()
+    name = checkpoints.run_name(sweep.name, trial.trial_id)
+    stale = checkpoints.discard_stale(params["storage_path"], name, trial, workers_for(sweep, trial.family))
+    if stale:
+        print(f"[calsweep] {trial.trial_id}: checkpoints of another config removed ({stale})", flush=True)
     trainer = TorchTrainer(
         train_fn_per_worker,
         train_loop_config=trial.to_dict(),
         scaling_config=scaling_config(sweep, trial.family),
         run_config=RunConfig(
-            name=f"{sweep.name}-{trial.trial_id}",
+            name=name,
             storage_path=params["storage_path"],
             failure_config=FailureConfig(max_failures=sweep.resources.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=sweep.train.checkpoints_to_keep),
             callbacks=[TuneReportCallback()],
             worker_runtime_env={"env_vars": worker_env(sweep)},
         ),

@@ -4,8 +4,8 @@ A trial id names a point (family, lr, beta, seed) of a run; the rest of the tria
 evaluation, ...) lives in the stored row's ``config_json``, its number of workers (data-parallel ranks: the data
 each sees and the batch) in ``world_size``. Before a stored ``ok`` row is reused, its result settings are compared
 with the current trial's: bookkeeping (run name, id, where results go), where the local data are read (not what
-they are: local copies share one layout; local against hub does count), reporting cadence and evaluation batching
-are not results, and random-init models other than the trial's own are ignored.
+they are: local copies share one layout; local against hub does count), reporting and checkpoint cadence and
+evaluation batching are not results, and random-init models other than the trial's own are ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 from trainable.config import TrialConfig
 
 NOT_RESULTS = frozenset({"run_name", "trial_id", "results_dir", "data_dir", "train.log_every", "eval.batch_size",
-                         "eval.batch_tokens"})
+                         "eval.batch_tokens", "train.checkpoint_every_steps", "train.checkpoint_every_minutes",
+                         "train.checkpoints_to_keep"})
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

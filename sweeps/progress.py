@@ -46,7 +46,8 @@ def trial_error(trial: Any) -> str:
 
 class TrialProgress(Callback):
     """One line per trial event: start, training progress (as the workers report it, every ``train.log_every``
-    steps, at most one line per trial every ``every_s``) with tokens/s and the sweep's ETA, done with its metrics,
+    steps, at most one line per trial every ``every_s``) with tokens/s and the sweep's ETA, a resume from a
+    checkpoint (a retried or resumed trial's first report), done with its metrics,
     skipped (already stored ok), failed with its one-line error and where Tune keeps the traceback. Lines start
     with ``[calsweep finished/total]``."""
 
@@ -58,6 +59,7 @@ class TrialProgress(Callback):
         self.fraction: dict[str, float | None] = {}
         self.last_print: dict[str, float] = {}
         self.durations: list[float] = []
+        self.resumed: dict[str, int] = {}
 
     def _say(self, text: str) -> None:
         print(f"[calsweep {self.finished}/{self.total}] {text}", flush=True)
@@ -85,6 +87,10 @@ class TrialProgress(Callback):
         now = time.time()
         step, total = result.get("step"), result.get("total_steps")
         self.fraction[trial.trial_id] = step / total if step and total else None
+        resumed = result.get("resumed_from_step") or 0
+        if resumed and self.resumed.get(trial.trial_id) != resumed:
+            self.resumed[trial.trial_id] = resumed
+            self._say(f"{trial}: resumed from its checkpoint at step {resumed}/{total}")
         if now - self.last_print.get(trial.trial_id, 0.0) < self.every_s and step != total:
             return
         self.last_print[trial.trial_id] = now

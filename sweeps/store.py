@@ -59,6 +59,7 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("val_loss", pa.float64()),
     pa.field("train_confidence", pa.float64()),
     pa.field("train_steps", pa.int64()),
+    pa.field("resumed_from_step", pa.int64()),  # steps its last attempt took from a checkpoint (0: none)
     pa.field("train_tokens", pa.int64()),
     pa.field("tokens_per_s", pa.float64()),
     pa.field("precision", pa.string()),
@@ -86,7 +87,8 @@ QUESTION_SCHEMA = pa.schema([
 ], metadata={"calsweep_schema_version": str(SCHEMA_VERSION)})
 
 
-def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem of a local path or URI, and the path on it."""
     if "://" in root:
         return pafs.FileSystem.from_uri(root)
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(root))
@@ -94,7 +96,7 @@ def _filesystem(root: str) -> tuple[pafs.FileSystem, str]:
 
 def _atomic_write(table: pa.Table, root: str, table_name: str, file_stem: str) -> str:
     """Write ``table`` to <root>/<table_name>/<file_stem>.parquet via a hidden temporary file and a move."""
-    fs, base = _filesystem(root)
+    fs, base = filesystem(root)
     directory = f"{base}/{table_name}"
     fs.create_dir(directory, recursive=True)
     final = f"{directory}/{file_stem}.parquet"
@@ -133,7 +135,7 @@ def write_questions(root: str, run_name: str, trial_id: str, records: pa.Table) 
 
 
 def _read(root: str, table_name: str, schema: pa.Schema, run_name: str | None) -> pa.Table:
-    fs, base = _filesystem(root)
+    fs, base = filesystem(root)
     directory = f"{base}/{table_name}"
     if fs.get_file_info(directory).type == pafs.FileType.NotFound:
         return schema.empty_table()
@@ -168,7 +170,7 @@ def stored_trial(root: str, run_name: str, trial_id: str) -> dict[str, Any] | No
 
 def remove_trial(root: str, run_name: str, trial_id: str) -> None:
     """Delete a trial's row and per-question file (each a single atomic delete; absent files are fine)."""
-    fs, base = _filesystem(root)
+    fs, base = filesystem(root)
     for table_name in ("trials", "questions"):
         path = f"{base}/{table_name}/{file_stem(run_name, trial_id)}.parquet"
         if fs.get_file_info(path).type != pafs.FileType.NotFound:
@@ -192,7 +194,7 @@ def writable_problem(root: str) -> str | None:
             return f"results_dir: {root!r} is not writable ({exc.strerror or exc} in {str(existing)!r})"
         return None
     try:
-        fs, base = _filesystem(root)
+        fs, base = filesystem(root)
         probe = f"{base}/.calsweep-write-check-{uuid.uuid4().hex}"
         with fs.open_output_stream(probe) as sink:
             sink.write(b"ok")

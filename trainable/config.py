@@ -92,6 +92,9 @@ class TrainConfig:
     log_every: int = 10  # optimiser steps between progress reports (each one syncs the workers with Ray Train)
     val_examples: int = 0  # held out from the SFT data for a validation loss (what ASHA watches)
     val_every: int | None = None  # optimiser steps between validation losses; null: only at the end if val_examples
+    checkpoint_every_steps: int | None = None  # optimiser steps between mid-trial checkpoints; null: by time only
+    checkpoint_every_minutes: float | None = 30.0  # minutes between checkpoints (checked after each step); null: off
+    checkpoints_to_keep: int = 1  # newest checkpoints kept per trial in the results storage; older ones are deleted
     deepspeed: dict[str, Any] = field(default_factory=dict)  # merged last into the DeepSpeed config
 
 
@@ -245,6 +248,9 @@ def _check_train(c: TrainConfig) -> list[str]:
     problems += _positive("val_every", c.val_every, allow_none=True)
     if c.val_every is not None and c.val_examples == 0:
         problems.append(f"val_every: expected val_examples > 0 to validate every {c.val_every} steps, got 0")
+    problems += _positive("checkpoint_every_steps", c.checkpoint_every_steps, allow_none=True)
+    problems += _positive("checkpoint_every_minutes", c.checkpoint_every_minutes, allow_none=True)
+    problems += _positive("checkpoints_to_keep", c.checkpoints_to_keep)
     if len(c.adam_betas) != 2:
         problems.append(f"adam_betas: expected two numbers, got {list(c.adam_betas)!r}")
     return problems

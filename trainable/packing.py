@@ -73,10 +73,11 @@ def epoch_rows(examples: Sequence[dict[str, list[int]]], width: int, seed: int, 
 
 
 def iterate_packed_batches(examples: Sequence[dict[str, list[int]]], micro_batch_size: int, width: int,
-                           pad_token_id: int, seed: int, rank: int = 0,
-                           world_size: int = 1) -> Iterator[dict[str, torch.Tensor]]:
+                           pad_token_id: int, seed: int, rank: int = 0, world_size: int = 1,
+                           skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
     """Endless micro-batches of packed rows; each epoch repacks a new shuffle; ranks take disjoint strides of
-    equal length (so every rank runs the same number of micro-batches)."""
+    equal length (so every rank runs the same number of micro-batches). The first ``skip`` micro-batches are
+    passed over without being built (a resumed trial continues the same order)."""
     epoch = 0
     while True:
         rows = epoch_rows(examples, width, seed, epoch)
@@ -87,6 +88,9 @@ def iterate_packed_batches(examples: Sequence[dict[str, list[int]]], micro_batch
                              f"{len(mine)} ({len(examples)} examples in {len(rows)} rows of {width} tokens over "
                              f"{world_size} ranks); use more SFT examples or a smaller micro-batch")
         for start in range(0, len(mine) - micro_batch_size + 1, micro_batch_size):
+            if skip:
+                skip -= 1
+                continue
             yield collate_packed(examples, mine[start:start + micro_batch_size], width, pad_token_id)
         epoch += 1
 

@@ -329,14 +329,19 @@ def collate(batch: list[dict[str, list[int]]], pad_token_id: int, pad_to_multipl
 
 
 def iterate_batches(examples: list[dict], micro_batch_size: int, pad_token_id: int, seed: int,
-                    rank: int = 0, world_size: int = 1, pad_to_multiple: int = 1) -> Iterator[dict[str, torch.Tensor]]:
-    """Endless micro-batches: each epoch reshuffles with ``seed + epoch``; ranks take disjoint strides."""
+                    rank: int = 0, world_size: int = 1, pad_to_multiple: int = 1,
+                    skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless micro-batches: each epoch reshuffles with ``seed + epoch``; ranks take disjoint strides. The first
+    ``skip`` micro-batches are passed over without being built (a resumed trial continues the same order)."""
     epoch = 0
     while True:
         order = list(range(len(examples)))
         random.Random(seed + epoch).shuffle(order)
         mine = order[rank::world_size]
         for start in range(0, len(mine) - micro_batch_size + 1, micro_batch_size):
+            if skip:
+                skip -= 1
+                continue
             yield collate([examples[i] for i in mine[start:start + micro_batch_size]], pad_token_id, pad_to_multiple)
         epoch += 1
 

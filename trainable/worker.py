@@ -2,7 +2,9 @@
 
 ``train_fn_per_worker(config)`` is what ``ray.train.torch.TorchTrainer`` runs on every worker. It reports
 training metrics every ``log_every`` steps and, at the end, the per-task calibration metrics (names
-``{task}_{metric}``) with model facts and wall times; rank 0 writes the per-question records.
+``{task}_{metric}``) with model facts and wall times; rank 0 writes the per-question records. Mid-trial
+checkpoints (``trainable.checkpointing``) go through Ray Train's reports; a retried or resumed trial continues
+from the latest one.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from trainable import checkpointing
 from trainable.attention_check import AttentionChoice, choose_attention
 from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.config import TrialConfig
+from trainable.fault_injection import die_if_due
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_cache_counts, prepare_node
@@ -80,15 +84,42 @@ class LiveMetrics:
                 gauge.set(float(value), tags=self.tags)
 
 
-def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
-              report: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+Report = Callable[[dict[str, Any]], None]
+ReportCheckpoint = Callable[[dict[str, Any], Path | None], None]
+
+
+def _report_finished(trial: TrialConfig, directory: Path, rank: int, report: Report) -> dict[str, Any]:
+    """A trial whose final checkpoint exists: its questions stored again (rank 0) and its final metrics reported."""
+    import pyarrow.parquet as pq
+
+    from sweeps.store import write_questions
+
+    final = json.loads((directory / checkpointing.FINAL_FILE).read_text())
+    if rank == 0 and (directory / checkpointing.QUESTIONS_FILE).is_file():
+        write_questions(trial.results_dir, trial.run_name, trial.trial_id,
+                        pq.read_table(directory / checkpointing.QUESTIONS_FILE))
+    report(final)
+    return final
+
+
+def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: int, report: Report,
+              report_checkpoint: ReportCheckpoint | None = None, resume_from: Path | None = None) -> dict[str, Any]:
     """Train and score one configuration; ``report`` receives progress and final metrics, which are returned.
 
+    With ``report_checkpoint``, checkpoints are taken as ``train.checkpoint_every_*`` say: every rank writes its
+    part into a local folder and hands it with the step's metrics to ``report_checkpoint`` instead of ``report``;
+    the final metrics go the same way (rank 0's folder holds them and the per-question records, other ranks hand
+    None). ``resume_from``: a checkpoint folder (every rank's files) to continue from, with the same data order,
+    learning-rate schedule, optimizer state and RNG states; a final one is reported again without training.
     torch.distributed must be initialised (Ray Train does it; tests use a one-rank gloo group).
     """
     from calibration.evaluate import evaluate_model
     from sweeps.store import write_questions
 
+    if resume_from is not None and (resume_from / checkpointing.FINAL_FILE).is_file():
+        return _report_finished(trial, resume_from, rank, report)
+    resumed = checkpointing.loop_state(resume_from) if resume_from is not None else None
+    start = resumed.step if resumed else 0
     started = time.time()
     prepare_node(cache_dir(), device)  # compiled graphs shared by the node's trials; no DeepSpeed op built
     seed_everything(trial.seed)
@@ -109,17 +140,21 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     per_epoch = steps_per_epoch(epoch_batches, trial.train.micro_batch_size,
                                 trial.train.gradient_accumulation_steps, world_size)
     total_steps = trial.train.max_steps or max(1, math.ceil(trial.train.epochs * per_epoch))
+    if resumed and resumed.total_steps != total_steps:
+        raise ValueError(f"expected a checkpoint of a {total_steps}-step trial to resume, got one of "
+                         f"{resumed.total_steps} steps at {resume_from}")
     wrapped = CausalLMWithFusedLoss(model, trial.label_smoothing, trial.train.loss_impl, trial.train.loss_filter)
 
     from trainable.deepspeed_setup import build_engine
 
     engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
+    accumulation = trial.train.gradient_accumulation_steps
     if pack_width:
         batches = iterate_packed_batches(examples, trial.train.micro_batch_size, pack_width, tokenizer.pad_token_id,
-                                         trial.seed, rank, world_size)
+                                         trial.seed, rank, world_size, skip=start * accumulation)
     else:
         batches = iterate_batches(examples, trial.train.micro_batch_size, tokenizer.pad_token_id, trial.seed,
-                                  rank, world_size, pad_to)
+                                  rank, world_size, pad_to, skip=start * accumulation)
     first_batch = next(batches)
     attention = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
     if trial.train.attention_check:
@@ -128,15 +163,23 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
             print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
     batches = itertools.chain([first_batch], batches)
+    if resumed:  # after the attention check: whatever its probe draws, training goes on with the checkpoint's RNGs
+        checkpointing.restore(engine, resume_from, rank)
+        if rank == 0:
+            print(f"[calsweep] trial {trial.trial_id} resumes at step {start}/{total_steps} from {resume_from}",
+                  flush=True)
     load_s = time.time() - started
 
     engine.train()
-    accumulation = trial.train.gradient_accumulation_steps
-    clock = StepClock(world_size, warmup_step_count(total_steps))
-    losses: list[float] = []
-    val_loss: float | None = None
+    clock = StepClock(world_size, warmup_step_count(total_steps - start))
+    schedule = checkpointing.CheckpointSchedule(trial.train.checkpoint_every_steps,
+                                                trial.train.checkpoint_every_minutes, world_size, device)
+    first_loss, step_loss = (resumed.train_loss_first, resumed.train_loss) if resumed else (None, math.nan)
+    confidence = resumed.confidence if resumed else math.nan
+    val_loss: float | None = resumed.val_loss if resumed else None
+    prior_tokens = resumed.tokens if resumed else 0
     with attention.context(), compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
-        for step in range(1, total_steps + 1):
+        for step in range(start + 1, total_steps + 1):
             micro_batches = [next(batches) for _ in range(accumulation)]
             clock.tokens += sum(int(batch["attention_mask"].sum()) for batch in micro_batches)
             summed = optimizer_step(engine, micro_batches, device, world_size)
@@ -144,23 +187,35 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
             if not math.isfinite(step_loss):
                 raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
                                          f"expected a finite loss (lower the learning rate {trial.learning_rate})")
-            clock.step_done(step)
-            losses.append(step_loss)
-            confidence = wrapped.last_confidence  # of the last training batch: validation overwrites the attribute
+            clock.step_done(step - start)
+            first_loss = step_loss if first_loss is None else first_loss
+            confidence = float(wrapped.last_confidence)  # of this training batch: validation overwrites it
+            die_if_due(step, rank, trial.results_dir, trial.run_name, trial.trial_id)
             every = trial.train.val_every
             validate = held_out and (step == total_steps or (every and step % every == 0))
             if validate:
                 val_loss = validation_loss(engine, held_out, trial.train.micro_batch_size, tokenizer.pad_token_id,
                                            device, pad_to)
-            if validate or step % trial.train.log_every == 0 or step == total_steps:
-                report({"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
-                        "confidence": float(confidence), "lr": engine.get_lr()[0],
-                        "tokens_per_s": clock.rate(), **({"val_loss": val_loss} if validate else {})})
+            save = report_checkpoint is not None and schedule.due(step)
+            if not (validate or save or step % trial.train.log_every == 0 or step == total_steps):
+                continue
+            metrics = {"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
+                       "confidence": confidence, "lr": engine.get_lr()[0], "tokens_per_s": clock.rate(),
+                       "resumed_from_step": start, **({"val_loss": val_loss} if validate else {})}
+            if not save:
+                report(metrics)
+                continue
+            state = checkpointing.LoopState(step, total_steps, first_loss, step_loss, confidence, val_loss,
+                                            prior_tokens + clock.tokens)
+            with tempfile.TemporaryDirectory(prefix="calsweep-ckpt-") as directory:
+                checkpointing.save(engine, Path(directory), state, trial.to_dict(), rank, world_size)
+                report_checkpoint(metrics, Path(directory))
     clock.stop()
     train_s = clock.stopped - clock.started
 
     eval_started = time.time()
     summary: dict[str, dict[str, float]] = {}
+    records = None
     if trial.eval.tasks:
         engine.eval()
         scorer = scoring_model(model, trial.train.zero_stage, device, rank, world_size)
@@ -170,17 +225,18 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                                     batch_tokens=trial.eval.batch_tokens, n_bins=trial.eval.n_bins,
                                     heldout=trial.eval.temperature_scaling, progress=rank == 0,
                                     attention=attention.backends, plan_cache=cache_dir() / "plans")
-            summary = result.summary
+            summary, records = result.summary, result.records
             if rank == 0:
-                write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
+                write_questions(trial.results_dir, trial.run_name, trial.trial_id, records)
             del scorer
     eval_s = time.time() - eval_started
 
     final: dict[str, Any] = {
         "phase": "done", "step": total_steps, "total_steps": total_steps,
-        "train_loss": losses[-1], "train_loss_first": losses[0], "train_steps": total_steps,
-        "val_loss": val_loss, "train_confidence": float(confidence),
-        "train_tokens": clock.tokens * world_size, "tokens_per_s": clock.tokens * world_size / max(train_s, 1e-9),
+        "train_loss": step_loss, "train_loss_first": first_loss, "train_steps": total_steps,
+        "val_loss": val_loss, "train_confidence": confidence, "resumed_from_step": start,
+        "train_tokens": (prior_tokens + clock.tokens) * world_size,
+        "tokens_per_s": clock.tokens * world_size / max(train_s, 1e-9),
         "tokens_per_s_steady": clock.steady_rate(), "wall_warmup_s": clock.warmup_s(),
         "precision": precision, "attention": attention.name, "device": str(device.type), "world_size": world_size,
         **{f"model_{k}": v for k, v in facts.items()},
@@ -190,14 +246,32 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     }
     for task, metrics in summary.items():
         final.update({f"{task}_{name}": float(value) for name, value in metrics.items()})
-    report(final)
+    if report_checkpoint is None:
+        report(final)
+    elif rank != 0:
+        report_checkpoint(final, None)
+    else:  # the final metrics travel with a checkpoint (what Ray's Result.metrics keeps), the questions with them
+        with tempfile.TemporaryDirectory(prefix="calsweep-final-") as directory:
+            _write_final(Path(directory), final, records, trial, world_size)
+            report_checkpoint(final, Path(directory))
     return final
 
 
+def _write_final(directory: Path, final: dict[str, Any], records, trial: TrialConfig, world_size: int) -> None:
+    import pyarrow.parquet as pq
+
+    (directory / checkpointing.FINAL_FILE).write_text(json.dumps(final))
+    checkpointing.write_trial_record(directory, trial.to_dict(), world_size)
+    if records is not None:
+        pq.write_table(records, directory / checkpointing.QUESTIONS_FILE)
+
+
 def train_fn_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train entry point: rebuild the ``TrialConfig`` and run it on this worker's device."""
+    """Ray Train entry point: rebuild the ``TrialConfig`` and run it on this worker's device, from the run's latest
+    checkpoint if it has one (a retried or resumed trial)."""
     import ray.train
     import ray.train.torch
+    from ray.train import CheckpointConsistencyMode
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -209,11 +283,19 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     def report(metrics: dict[str, Any]) -> None:
         if gauges:
             gauges.set(metrics)
-        if metrics.get("phase") != "done" or rank != 0:
-            ray.train.report(metrics)
-            return
-        with tempfile.TemporaryDirectory() as directory:  # the final metrics travel with a checkpoint, which
-            Path(directory, "final_metrics.json").write_text(json.dumps(metrics))  # is what Result.metrics keeps
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+        ray.train.report(metrics)
 
-    run_trial(trial, ray.train.torch.get_device(), rank, context.get_world_size(), report)
+    def report_checkpoint(metrics: dict[str, Any], directory: Path | None) -> None:
+        if gauges:
+            gauges.set(metrics)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory) if directory else None)
+        if metrics["phase"] == "train":  # training goes on once Ray Train has the checkpoint: a death from here on
+            ray.train.get_all_reported_checkpoints(consistency_mode=CheckpointConsistencyMode.COMMITTED)  # resumes it
+
+    device, world_size = ray.train.torch.get_device(), context.get_world_size()
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        run_trial(trial, device, rank, world_size, report, report_checkpoint)
+        return
+    with checkpoint.as_directory() as directory:
+        run_trial(trial, device, rank, world_size, report, report_checkpoint, resume_from=Path(directory))

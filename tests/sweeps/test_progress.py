@@ -44,3 +44,16 @@ def test_one_line_per_event(tmp_path, capsys):
     assert "step 1/2  loss 2.5000  120 tok/s  sweep ETA" in lines[2]
     assert lines[3].startswith("[calsweep 1/3] done") and "mmlu acc 0.500 ece 0.125" in lines[3]
     assert lines[4] == f"[calsweep 2/3] FAILED {trials[1]}: ValueError: expected at least one SFT example"
+
+
+def test_a_resumed_trial_gets_one_line(tmp_path, capsys):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    progress = TrialProgress(sweep, total=1, every_s=3600.0)
+    trial = Trial("trainable", config=sweep.trial_points()[0]._asdict(), stub=True)
+    progress.on_trial_start(0, [trial], trial)
+    for step, resumed in ((1, 0), (2, 0), (3, 2), (4, 2), (5, 4)):  # died after step 2, then after step 4
+        progress.on_trial_result(0, [trial], trial, {"phase": "train", "step": step, "total_steps": 6,
+                                                     "train_loss": 2.0, "resumed_from_step": resumed})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == [f"[calsweep 0/1] {trial}: resumed from its checkpoint at step 2/6",
+                         f"[calsweep 0/1] {trial}: resumed from its checkpoint at step 4/6"]

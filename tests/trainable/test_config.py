@@ -43,6 +43,11 @@ def test_default_config_is_the_four_trial_grid():
     ({"eval": {"tasks": ["squad"]}}, "got ['squad']"),
     ({"train": {"micro_batch_size": "eight"}}, "config.train.micro_batch_size: expected int, got 'eight'"),
     ({"train": {"micro_batch_size": 2.5}}, "config.train.micro_batch_size: expected int, got 2.5"),
+    ({"train": {"checkpoint_every_steps": 0}}, "config.train.checkpoint_every_steps: expected a number > 0, got 0"),
+    ({"train": {"checkpoint_every_minutes": -5}},
+     "config.train.checkpoint_every_minutes: expected a number > 0, got -5.0"),
+    ({"train": {"checkpoints_to_keep": 0}}, "config.train.checkpoints_to_keep: expected a number > 0, got 0"),
+    ({"train": {"checkpoint_every_step": 10}}, "unknown key (did you mean 'checkpoint_every_steps'?)"),
 ])
 def test_bad_entries_are_named(entry, message):
     with pytest.raises(ConfigError, match=None) as info:

@@ -107,3 +107,13 @@ def test_ranks_get_disjoint_rows_of_equal_count():
     assert len(seen) == len(set(seen)) == 12
     with pytest.raises(ValueError, match="at least micro_batch_size=64 packed rows per rank"):
         next(iterate_packed_batches(examples, 64, 32, 0, 0))
+
+
+def test_skipped_micro_batches_are_the_first_of_the_same_stream():
+    """A resumed trial skips the micro-batches it has trained on: across epoch boundaries, on every rank."""
+    examples = _examples(50, seed=3)
+    for rank in range(2):
+        stream = iterate_packed_batches(examples, 2, 32, 0, 5, rank, 2)
+        whole = [next(stream)["input_ids"] for _ in range(30)]
+        resumed = iterate_packed_batches(examples, 2, 32, 0, 5, rank, 2, skip=17)
+        assert all(torch.equal(next(resumed)["input_ids"], batch) for batch in whole[17:])

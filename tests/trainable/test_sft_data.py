@@ -251,3 +251,17 @@ def test_missing_local_file_and_unreachable_hub(tmp_path, monkeypatch):
         load_conversations(SFTConfig(dataset="tulu3"), None)
     message = str(info.value)
     assert "\n" not in message and "CALSWEEP_DATA_DIR" in message and "allenai/tulu-3-sft-mixture" in message
+
+
+def test_skipped_micro_batches_are_the_first_of_the_same_stream():
+    """A resumed trial skips the micro-batches it has trained on: across epoch boundaries, on every rank."""
+    import torch
+
+    from trainable.sft_data import iterate_batches
+
+    examples = [{"input_ids": [i, i + 1], "labels": [-100, i + 1]} for i in range(11)]
+    for rank in range(2):
+        stream = iterate_batches(examples, 2, 0, seed=4, rank=rank, world_size=2)
+        whole = [next(stream)["input_ids"] for _ in range(12)]
+        resumed = iterate_batches(examples, 2, 0, seed=4, rank=rank, world_size=2, skip=7)
+        assert all(torch.equal(next(resumed)["input_ids"], batch) for batch in whole[7:])

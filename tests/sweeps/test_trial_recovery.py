@@ -1,0 +1,156 @@
+"""Trials that survive deaths, in real sweeps (`python sweeps/launch.py`: Ray Tune, Ray Train, DeepSpeed on CPU).
+
+A worker process dies mid-trial (``CALSWEEP_FAULT_AT_STEP``: os._exit after step 3 on its first attempt): Ray Train's
+retry continues from the step-2 checkpoint and ends with the final loss and scores of the same trial run through
+without a death. Chaos: a two-trial sweep under SIGKILLs of random Ray Train workers at random times and a SIGKILL of
+the driver (with its Ray) mid-sweep, then ``--resume``: one ok row per trial with the uninterrupted runs' numbers,
+their questions, and an analysis of the store.
+"""
+
+import dataclasses
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sweeps import store
+from sweeps.analysis.load import parse_filter
+from sweeps.analyze import analyze
+from sweeps.config import load_sweep
+from trainable.fault_injection import FAULT_ENV
+from trainable.worker import run_trial
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = Path(__file__).with_name("tiny_sweep.yaml")
+SETTINGS = ["label_smoothing=[0.1]", "train.max_steps=4", "train.checkpoint_every_steps=2", "train.log_every=1",
+            "train.dropout=0.1", "eval.tasks=[arc_easy]", "resources.max_failures=1"]
+# fp32 on the CPU: the same operations in the same order; only the worker's thread count may differ from pytest's
+REL_TOL = 1e-5
+
+
+def uninterrupted_run(sweep, point, results_dir: Path) -> dict:
+    """A trial of the sweep run through in this process (no Ray, no death): the reference."""
+    trial = dataclasses.replace(sweep.trial(point), results_dir=str(results_dir))
+    return run_trial(trial, torch.device("cpu"), 0, 1, lambda metrics: None)
+
+
+def _launch(results: Path, *args: str) -> list[str]:
+    return [sys.executable, str(REPO / "sweeps" / "launch.py"), "--results-dir", str(results), *args]
+
+
+def _env(data_dir: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0", **extra}
+
+
+@pytest.mark.slow
+def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, data_dir, one_rank_process_group):
+    results = tmp_path / "results"
+    out = subprocess.run(_launch(results, "--config", str(CONFIG), *SETTINGS), capture_output=True,
+                         text=True, timeout=600, env=_env(data_dir, **{FAULT_ENV: "3"}))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "resumed from its checkpoint at step 2/4" in out.stdout, out.stdout[-3000:]
+    (row,) = store.read_trials(str(results), "tiny").to_pylist()
+    assert row["status"] == "ok" and row["resumed_from_step"] == 2 and row["train_steps"] == 4
+    assert (results / "faults" / f"tiny__{row['trial_id']}.step3").exists()  # the first attempt did die at step 3
+
+    run_dir = results / "ray" / f"tiny-{row['trial_id']}"
+    kept = [path for path in run_dir.iterdir() if path.is_dir() and path.name.startswith("checkpoint_")]
+    assert len(kept) == 1 and (kept[0] / "final_metrics.json").exists()  # checkpoints_to_keep: 1 pruned the others
+
+    sweep = load_sweep(CONFIG, {"results_dir": str(results)}, SETTINGS)
+    reference = uninterrupted_run(sweep, sweep.trial_points()[0], tmp_path / "reference")
+    assert reference["resumed_from_step"] == 0
+    for key in ("train_loss", "train_loss_first", "arc_easy_nll", "arc_easy_ece", "arc_easy_accuracy"):
+        assert math.isclose(row[key], reference[key], rel_tol=REL_TOL), (key, row[key], reference[key])
+
+
+CHAOS = ["--name", "chaos", "train.max_steps=4", "train.checkpoint_every_steps=2", "train.log_every=1",
+         "resources.max_failures=1"]  # a trial killed twice is stored failed, then --resume'd
+
+
+def _train_workers(session: int) -> list[int]:
+    """Ray Train worker processes in the session of the driver we started (each Ray worker leads its own group)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat, cmdline = (entry / "stat").read_text(), (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):  # not a process, or one that has ended
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[3]) == session and b"RayTrainWorker" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_workers_at_random(session: int, rng: random.Random, stop: threading.Event, killed: list[str]) -> None:
+    """Two SIGKILLs, each of a random Ray Train worker 0-10 s after one is found running: in loading, training,
+    checkpointing or scoring, wherever it falls."""
+    while len(killed) < 2 and not stop.wait(0.5):
+        workers = _train_workers(session)
+        if workers and not stop.wait(rng.uniform(0, 10)):
+            pid = rng.choice(workers)
+            if pid in _train_workers(session):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(f"{time.strftime('%H:%M:%S')} SIGKILL worker {pid}")
+
+
+@pytest.mark.slow
+def test_chaos_sweep_ends_with_one_ok_row_per_trial(tmp_path, data_dir, one_rank_process_group):
+    seed = int(os.environ.get("CALSWEEP_CHAOS_SEED", time.time_ns() % 2**32))
+    print(f"CALSWEEP_CHAOS_SEED={seed}")  # shown with a failure: set it to replay the same kill delays
+    rng, results = random.Random(seed), tmp_path / "results"
+    driver = subprocess.Popen(_launch(results, "--config", str(CONFIG), *CHAOS), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=_env(data_dir), start_new_session=True)
+    lines, first_over, stop, killed = [], threading.Event(), threading.Event(), []
+
+    def read() -> None:
+        for line in driver.stdout:
+            lines.append(line)
+            if line.startswith("[calsweep 1/2] "):  # the first trial ended: done, or failed after two kills
+                first_over.set()
+
+    threads = [threading.Thread(target=read, daemon=True),
+               threading.Thread(target=_kill_workers_at_random, args=(driver.pid, rng, stop, killed), daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert first_over.wait(timeout=400), "".join(lines)[-3000:]
+        time.sleep(rng.uniform(0, 5))
+        assert driver.poll() is None, "the sweep ended before the driver kill: " + "".join(lines)[-3000:]
+    finally:
+        stop.set()
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+        driver.wait(timeout=60)
+    print("".join(lines) + "\n".join(killed))
+    assert killed, "no Ray Train worker was found to kill"
+
+    out = subprocess.run(_launch(results, "--resume", "chaos"), capture_output=True, text=True,
+                         timeout=600, env=_env(data_dir))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sweep = load_sweep(CONFIG, {"results_dir": str(results)}, CHAOS[2:] + ["name=chaos"])
+    expected = {sweep.trial(point).trial_id: point for point in sweep.trial_points()}
+    rows = store.read_trials(str(results), "chaos").to_pylist()
+    assert sorted(row["trial_id"] for row in rows) == sorted(expected)  # exactly one row per trial
+    questions = store.read_questions(str(results), "chaos").to_pandas()
+    assert set(questions["trial_id"]) == set(expected)
+    print({row["trial_id"]: row["resumed_from_step"] for row in rows})
+    for row in rows:
+        assert row["status"] == "ok" and row["error"] is None, row
+        assert row["resumed_from_step"] in (0, 2, 4), row  # from scratch, or from a checkpoint
+        mine = questions[questions["trial_id"] == row["trial_id"]]
+        for task in sweep.eval.tasks:
+            assert (mine["task"] == task).sum() == row[f"{task}_n_questions"] == 4
+        reference = uninterrupted_run(sweep, expected[row["trial_id"]], tmp_path / "reference")
+        for key in ("train_loss", "train_loss_first", "mmlu_nll", "arc_easy_ece", "hellaswag_accuracy"):
+            assert math.isclose(row[key], reference[key], rel_tol=REL_TOL), (key, row[key], reference[key])
+
+    written = analyze(str(results), parse_filter("run=chaos"), tmp_path / "analysis", n_boot=20)
+    table = (tmp_path / "analysis" / "table1.csv").read_text()
+    assert written and "tiny-llama" in table
