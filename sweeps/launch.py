@@ -217,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     if checked.changed:
         print(f"Re-running {len(checked.changed)} trial(s) stored from another config (--rerun-changed)", flush=True)
     if args.dry_run:
+        if sweep.search.method == "optuna":
+            print(f"Optuna study {sweep.name!r} ({sweep.search.sampler}): {sweep.search.num_samples} trials this launch"
+                  + (", the grid's points first:" if sweep.search.seed_with_grid else "; the grid's points:"))
         for point in sweep.trial_points():
             print(sweep.trial(point).trial_id)
         return 0

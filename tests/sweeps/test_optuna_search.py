@@ -52,3 +52,13 @@ def test_optuna_study_persists_and_continues(tmp_path, data_dir):
     rows = store.read_trials(str(tmp_path / "results"), "study").to_pylist()
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
     assert all(0 <= r["arc_easy_ece"] <= 1 for r in rows)
+
+
+def test_shipped_optuna_config_runs_as_it_is(tmp_path, data_dir, capsys):
+    from sweeps.launch import main
+
+    shipped = REPO / "sweeps" / "configs" / "smollm2_optuna.yaml"
+    assert main(["--config", str(shipped), "--results-dir", str(tmp_path), "--data-dir", data_dir, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Optuna study 'smollm2_optuna' (tpe): 4 trials this launch, the grid's points first:"
+    assert [line.split("_")[2] for line in lines[1:]] == ["ls0", "ls0.3"]  # beta's range ends, then sampled points
