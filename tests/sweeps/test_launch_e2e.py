@@ -67,6 +67,8 @@ def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
                 assert 0 <= row[f"{task}_{metric}"] <= 1, (task, metric)
             assert row[f"{task}_ece"] <= row[f"{task}_rms_ce"] + 1e-12 <= row[f"{task}_mce"] + 2e-12
             assert math.isfinite(row[f"{task}_nll"]) and 0 <= row[f"{task}_brier"] <= 2
+    trial_dirs = [tmp_path / "ray" / "tiny" / row["trial_id"] for row in rows]  # tracking is off by default
+    assert all((d / "result.json").is_file() for d in trial_dirs) and not list(tmp_path.rglob("events.out.tfevents*"))
     questions = store.read_questions(str(tmp_path), "tiny")
     assert questions.num_rows == 2 * 3 * 4
     table = out.stdout[out.stdout.index("family"):]
