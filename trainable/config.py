@@ -90,6 +90,7 @@ class TrainConfig:
     val_examples: int = 0  # held out from the SFT data for a validation loss (what ASHA watches)
     val_every: int | None = None  # optimiser steps between validation losses; null: only at the end if val_examples
     deepspeed: dict[str, Any] = field(default_factory=dict)  # merged last into the DeepSpeed config
+    save_model: bool = False  # after training: a Hugging Face folder under <results_dir>/models/ (trainable.export)
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ def test_tensorboard_and_mlflow_from_the_command_line(tmp_path):
     mlflow = chosen[-1]
     assert mlflow.tracking_uri == f"sqlite:///{tmp_path.resolve()}/mlflow.db" == mlflow_uri(sweep)
     assert mlflow.experiment_name == "tiny" and mlflow.tags == {"calsweep_run": "tiny"}
-    named = load_sweep(TINY, {"results_dir": str(tmp_path)}, ["tracking.mlflow.experiment=ls", "tracking.mlflow.tags="
-                                                             "{team: nlp}", "tracking.mlflow.tracking_uri=http://h:5000"])
+    named = load_sweep(TINY, {"results_dir": str(tmp_path)}, ["tracking.mlflow.experiment=ls",
+                                                             "tracking.mlflow.tags={team: nlp}",
+                                                             "tracking.mlflow.tracking_uri=http://h:5000"])
     mlflow = callbacks(named)[-1]
     assert (mlflow.tracking_uri, mlflow.experiment_name) == ("http://h:5000", "ls")
     assert mlflow.tags == {"calsweep_run": "tiny", "team": "nlp"}
