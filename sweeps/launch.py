@@ -150,8 +150,12 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
         ray.init(address=address, **quiet)
     else:
         ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
-    if not verbose:  # a failed trial is one FAILED line, not Tune's traceback
+    if not verbose:  # a failed trial is one FAILED line, not Tune's traceback; no Optuna INFO line ('study created')
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
+        if sweep.search.method == "optuna":
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
     if dashboard or address:
         print(f"Ray dashboard: {ray.get_runtime_context().get_dashboard_url() or '(not running)'}", flush=True)
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # tracking.callbacks chooses Tune's loggers

@@ -42,6 +42,7 @@ def test_optuna_study_persists_and_continues(tmp_path, data_dir):
     storage = f"sqlite:///{tmp_path / 'results' / 'optuna' / 'study.db'}"
     out = _launch(_config(tmp_path, num_samples=1), data_dir)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "A new study created" not in out.stderr and "mlflow" not in out.stderr  # their INFO lines: --verbose only
     study = optuna.load_study(study_name="study", storage=storage)
     assert len(study.directions) == 2
     first = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
