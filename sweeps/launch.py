@@ -147,9 +147,9 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     quiet = {"log_to_driver": verbose, "logging_level": "warning" if verbose else "error"}
     if address:
-        ray.init(address=address, **quiet)
+        context = ray.init(address=address, **quiet)
     else:
-        ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
+        context = ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
     if not verbose:  # a failed trial is one FAILED line, not Tune's traceback; no Optuna INFO line ('study created')
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
         if sweep.search.method == "optuna":
@@ -157,7 +157,8 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
     if dashboard or address:
-        print(f"Ray dashboard: {ray.get_runtime_context().get_dashboard_url() or '(not running)'}", flush=True)
+        url = context.dashboard_url
+        print(f"Ray dashboard: {f'http://{url}' if url and '://' not in url else url or '(not running)'}", flush=True)
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # tracking.callbacks chooses Tune's loggers
     if sweep.search.method == "optuna":  # progress reports carry no objective until the trial's final report
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
