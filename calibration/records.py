@@ -37,16 +37,24 @@ SCHEMA = pa.schema([
 def build_records(task: str, split: str, questions: Sequence[Question], prompts: Sequence[Prompt],
                   loglik: Sequence[np.ndarray]) -> pa.Table:
     """The records of one task and split from its questions, prompts and scored log-likelihoods."""
-    norm = [np.asarray(ll) / np.asarray(p.choice_lengths, dtype=np.float64) for ll, p in zip(loglik, prompts)]
-    gold = np.array([q.gold for q in questions], dtype=np.int64)
-    confidence, correct = top_label(choice_probs(pad(loglik)), gold) if questions else (np.zeros(0), np.zeros(0))
+    return records_table(task, split, [q.question_id for q in questions], [q.subject for q in questions],
+                         [q.gold for q in questions], loglik, [p.choice_lengths for p in prompts])
+
+
+def records_table(task: str, split: str, question_ids: Sequence[str], subjects: Sequence[str], gold: Sequence[int],
+                  loglik: Sequence[Sequence[float]], choice_lengths: Sequence[Sequence[int]]) -> pa.Table:
+    """The records of one task and split from per-question ids, subjects, gold indices, log-likelihoods per choice
+    and the choices' character lengths (what ``loglik_norm`` divides by)."""
+    norm = [np.asarray(ll, dtype=np.float64) / np.asarray(n, dtype=np.float64) for ll, n in zip(loglik, choice_lengths)]
+    gold = np.array(gold, dtype=np.int64)
+    confidence, correct = top_label(choice_probs(pad(loglik)), gold) if len(gold) else (np.zeros(0), np.zeros(0))
     return pa.table({
-        "task": [task] * len(questions),
-        "split": [split] * len(questions),
-        "question_id": [q.question_id for q in questions],
-        "subject": [q.subject for q in questions],
+        "task": [task] * len(gold),
+        "split": [split] * len(gold),
+        "question_id": list(question_ids),
+        "subject": list(subjects),
         "gold": gold.astype(np.int32),
-        "n_choices": np.array([len(q.choices) for q in questions], dtype=np.int32),
+        "n_choices": np.array([len(ll) for ll in loglik], dtype=np.int32),
         "loglik": [list(map(float, ll)) for ll in loglik],
         "loglik_norm": [list(map(float, ll)) for ll in norm],
         "confidence": np.asarray(confidence, dtype=np.float64),

@@ -5,7 +5,10 @@
 reads ``DIR/records.parquet`` (written by ``python -m calibration.evaluate``), prints the metrics table and
 writes ``DIR/rescore_<score>_b<bins>_t<temperature>.json`` (and reliability diagrams with ``--plots``). A sweep
 store's per-question file works too (``python -m calibration.rescore results/questions/<run>__<trial>.parquet``):
-its outputs go to ``<results>/rescore/<run>__<trial>/`` (or ``--out``), never into the store's tables.
+its outputs go to ``<results>/rescore/<run>__<trial>/`` (or ``--out``), never into the store's tables. So do
+lm-evaluation-harness's per-sample logs of any multiple-choice task (``lm_eval ... --log_samples``: a
+``samples_<task>_<date>.jsonl`` file, or the folder holding them, one task each): outputs go to ``rescore/`` beside
+them, and lm-eval's own accuracy is printed next to ours.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from calibration.cli import fail
+from calibration.lm_eval_samples import read_samples, samples_files
 from calibration.records import read_records, read_store_questions
 from calibration.report import format_table, write_diagrams, write_summary
 from calibration.summary import SCORES, fit_temperatures, summarize
@@ -25,10 +29,14 @@ from calibration.summary import SCORES, fit_temperatures, summarize
 
 def rescore(source: str | Path, *, n_bins: int = 15, temperature: str = "1", score: str = "loglik",
             n_boot: int = 1000, plots: bool = False, out: str | Path | None = None) -> dict[str, Any]:
-    """Summary of ``source``'s records (an evaluate directory or a store's per-question file) under new settings;
-    ``temperature`` is ``fit`` or a number; outputs go to ``out`` (default: beside the records, see above)."""
+    """Summary of ``source``'s records (an evaluate directory, a store's per-question file, or lm-eval samples) under
+    new settings; ``temperature`` is ``fit`` or a number; outputs go to ``out`` (default: beside the records, see
+    above)."""
     source = Path(source)
-    if source.is_file():
+    if samples_files(source) and not (source / "records.parquet").is_file():
+        records, metadata = read_samples(samples_files(source))
+        default_out = (source if source.is_dir() else source.parent) / "rescore"
+    elif source.is_file():
         records, metadata = read_store_questions(source)
         default_out = source.parent.parent / "rescore" / source.stem
     else:
@@ -60,13 +68,17 @@ def rescore(source: str | Path, *, n_bins: int = 15, temperature: str = "1", sco
         write_diagrams(directory, records, split_of=split_of, n_bins=n_bins, score=score,
                        temperatures=temperatures, label=str(metadata.get("model", "")))
     print(format_table(summary, intervals))
+    for task, theirs in metadata.get("lm_eval", {}).items():
+        print(f"{task}: lm-eval's own " + ", ".join(f"{metric} {value:.4f}" for metric, value in theirs.items())
+              + f"; here accuracy {summary[task]['accuracy']:.4f}, accuracy_norm {summary[task]['accuracy_norm']:.4f}")
     return summary
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m calibration.rescore", description=__doc__.split("\n")[0])
-    parser.add_argument("source", help="an output directory of python -m calibration.evaluate, or a sweep store's "
-                                       "per-question file (results/questions/<run>__<trial>.parquet)")
+    parser.add_argument("source", help="an output directory of python -m calibration.evaluate, a sweep store's "
+                                       "per-question file (results/questions/<run>__<trial>.parquet), or lm-eval's "
+                                       "samples_<task>_<date>.jsonl (--log_samples) or the folder holding them")
     parser.add_argument("--n-bins", type=int, default=15)
     parser.add_argument("--temperature", default="1", help="'fit' (on the held-out split) or a number")
     parser.add_argument("--score", choices=SCORES, default="loglik", help="which log-likelihood the softmax uses")
@@ -84,12 +96,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def _check_source(source: Path) -> None:
-    """Raise ``ValueError`` (one line) unless ``source`` is an evaluate directory or a Parquet file."""
+    """Raise ``ValueError`` (one line) unless ``source`` is an evaluate directory, a Parquet file or lm-eval
+    samples."""
     path = source / "records.parquet" if source.is_dir() else source
+    if samples_files(source) and not path.is_file():
+        return
     if not path.is_file():
+        found = "a directory without records.parquet or samples_*.jsonl" if source.is_dir() else "nothing"
         raise ValueError(f"{str(source)!r}: expected an output directory of python -m calibration.evaluate (holding "
-                         f"records.parquet) or a store's questions/<run>__<trial>.parquet file, found "
-                         f"{'a directory without records.parquet' if source.is_dir() else 'nothing'}")
+                         f"records.parquet), a store's questions/<run>__<trial>.parquet file or lm-eval's "
+                         f"samples_<task>_<date>.jsonl files, found {found}")
+    if path.suffix == ".jsonl":
+        raise ValueError(f"{str(source)!r}: expected lm-eval's samples file name samples_<task>_<date>.jsonl, got "
+                         f"{path.name!r}")
     try:
         pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as exc:

@@ -5,8 +5,8 @@
 
 writes into DIR (default RESULTS/analysis):
 
-    table1.csv, table1.md          Table 1: Acc / ECE / RMS per SFT dataset x family x beta at the selected lr, with
-                                   ECE intervals over seeds and questions and the number of seeds
+    table1.csv, table1.md, .tex    Table 1: Acc / ECE / RMS per SFT dataset x family x beta at the selected lr, with
+                                   ECE intervals over seeds and questions and the number of seeds (.tex: LaTeX)
     paired_ece.csv, paired_ece.md  ECE(beta) - ECE(0) over the same questions, paired bootstrap interval
     ece_intervals.csv              question-level ECE of every Table 1 cell with its bootstrap interval
     ls_ts.csv, ls_ts.md            label smoothing, temperature scaling and both, side by side per family and task
@@ -19,6 +19,7 @@ writes into DIR (default RESULTS/analysis):
     reliability/<data>/<family>__<task>.png    reliability diagrams, beta = 0 (left) and the best beta (right)
     notes.md                       the selection rules, and everything left out with the reason
 
+Figures are PNG; ``--format png,pdf,svg`` writes each in every format listed (PDF and SVG: vector graphics).
 Filters (``KEY=VALUE``, comma separated, a key repeated is an OR): run, dataset, family, task.
 ``--score loglik_norm`` reads every table and figure through the length-normalised choice distribution (lm-eval's
 acc_norm) instead of the summed log-likelihoods, e.g. for HellaSwag, whose summed-likelihood confidence saturates.
@@ -38,7 +39,9 @@ if __package__ in (None, ""):  # run as a script: make the repository's packages
 import pandas as pd  # noqa: E402
 
 from calibration.summary import SCORES  # noqa: E402
+from trainable.config import suggest  # noqa: E402
 from sweeps.analysis import figures  # noqa: E402
+from sweeps.analysis.figures import FORMATS  # noqa: E402
 from sweeps.analysis.entropy import entropy_outputs  # noqa: E402
 from sweeps.analysis.load import SCORE_NAMES, Results, load_results, parse_filter  # noqa: E402
 from sweeps.analysis.questions import (CellKey, CellQuestions, cell_questions, ece_intervals,  # noqa: E402
@@ -54,9 +57,9 @@ def slug(name: str) -> str:
 
 
 def analyze(root: str, filters: dict[str, set[str]], out: Path, *, n_boot: int = 1000, seed: int = 0,
-            logit_std: float = 1.0, score: str = "loglik") -> list[Path]:
-    """Write every output listed in the module doc into ``out``, read through ``score``; returns their paths
-    (notes.md last)."""
+            logit_std: float = 1.0, score: str = "loglik", formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Write every output listed in the module doc into ``out``, read through ``score``, each figure once per
+    format of ``formats``; returns their paths (notes.md last)."""
     results = load_results(root, filters, score)
     notes = results.notes
     out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +70,7 @@ def analyze(root: str, filters: dict[str, set[str]], out: Path, *, n_boot: int =
     written = write_table_one(table, intervals, tasks, n_bins, n_boot, out, SCORE_NAMES[score])
     deltas = best_betas(table, tasks, notes)
     written.append(_csv(deltas, out / "delta_ece.csv"))
-    entropy_files, entropy_note = entropy_outputs(results.trials, logit_std, out, notes)
+    entropy_files, entropy_note = entropy_outputs(results.trials, logit_std, out, notes, formats)
     written += entropy_files
 
     paired = paired_differences(cells, n_bins, n_boot, seed, notes)
@@ -78,8 +81,8 @@ def analyze(root: str, filters: dict[str, set[str]], out: Path, *, n_boot: int =
     ls_ts = ls_ts_table(table, temperatures, intervals, ts_intervals, tasks, notes)
     written += write_ls_ts(ls_ts, n_boot, out)
     for dataset in sorted(table["sft_dataset"].unique()):
-        written += _dataset_figures(dataset, tasks, intervals, paired, deltas, ls_ts, out)
-    written += _reliability_pairs(deltas, cells, n_bins, out, notes)
+        written += _dataset_figures(dataset, tasks, intervals, paired, deltas, ls_ts, out, formats)
+    written += _reliability_pairs(deltas, cells, n_bins, out, notes, formats)
     applied = [entropy_note, describe_sources(temperatures, score)]
     written.append(_write_notes(root, filters, results, n_boot, seed, applied, out))
     return written
@@ -91,26 +94,26 @@ def _csv(frame: pd.DataFrame, path: Path) -> Path:
 
 
 def _dataset_figures(dataset: str, tasks: tuple[str, ...], intervals: pd.DataFrame, paired: pd.DataFrame,
-                     deltas: pd.DataFrame, ls_ts: pd.DataFrame, out: Path) -> list[Path]:
+                     deltas: pd.DataFrame, ls_ts: pd.DataFrame, out: Path, formats: Sequence[str]) -> list[Path]:
     """The figures of one SFT dataset for which it has points (ls_ts: where some trial has a temperature)."""
     intervals, paired, deltas, ls_ts = (frame[frame["sft_dataset"] == dataset]
                                         for frame in (intervals, paired, deltas, ls_ts))
     name, written = slug(dataset), []
     if len(intervals):
-        written.append(figures.ece_against_beta(intervals, dataset, tasks, out / f"ece_vs_beta_{name}.png"))
+        written += figures.ece_against_beta(intervals, dataset, tasks, out / f"ece_vs_beta_{name}.png", formats)
     if ls_ts["ece_ts"].notna().any():
-        written.append(figures.ls_ts_against_beta(ls_ts, dataset, tasks, out / f"ls_ts_{name}.png"))
+        written += figures.ls_ts_against_beta(ls_ts, dataset, tasks, out / f"ls_ts_{name}.png", formats)
     if len(paired):
-        written.append(figures.paired_against_beta(paired, dataset, tasks, out / f"paired_ece_{name}.png"))
+        written += figures.paired_against_beta(paired, dataset, tasks, out / f"paired_ece_{name}.png", formats)
     if len(deltas):
         for column, short in (("vocab_size", "vocab"), ("hidden_size", "hidden")):
-            written.append(figures.delta_against_size(deltas, dataset, tasks, column,
-                                                      out / f"delta_ece_vs_{short}_{name}.png"))
+            written += figures.delta_against_size(deltas, dataset, tasks, column,
+                                                  out / f"delta_ece_vs_{short}_{name}.png", formats)
     return written
 
 
 def _reliability_pairs(deltas: pd.DataFrame, cells: dict[CellKey, CellQuestions], n_bins: int, out: Path,
-                       notes: list[str]) -> list[Path]:
+                       notes: list[str], formats: Sequence[str]) -> list[Path]:
     written, missing = [], {}
     for row in deltas.itertuples():
         base = cells.get((row.sft_dataset, row.family, 0.0, row.task))
@@ -120,9 +123,8 @@ def _reliability_pairs(deltas: pd.DataFrame, cells: dict[CellKey, CellQuestions]
             continue
         folder = out / "reliability" / slug(row.sft_dataset)
         folder.mkdir(parents=True, exist_ok=True)
-        written.append(figures.reliability_pair(base, best, row.best_beta,
-                                                f"{row.sft_dataset}/{row.family} {row.task}", n_bins,
-                                                folder / f"{slug(row.family)}__{row.task}.png"))
+        written += figures.reliability_pair(base, best, row.best_beta, f"{row.sft_dataset}/{row.family} {row.task}",
+                                            n_bins, folder / f"{slug(row.family)}__{row.task}.png", formats)
     notes += [f"{cell}: no questions stored at beta = 0 or at the best beta for {', '.join(tasks)}; no reliability "
               f"pair" for cell, tasks in missing.items()]
     return written
@@ -146,6 +148,16 @@ def _write_notes(root: str, filters: dict[str, set[str]], results: Results, n_bo
     return path
 
 
+def parse_formats(text: str) -> tuple[str, ...]:
+    """``png,pdf`` -> ("png", "pdf") (each once, in order); ``ValueError`` naming a format not in ``FORMATS``."""
+    formats = tuple(dict.fromkeys(part.strip().lower().lstrip(".") for part in text.split(",") if part.strip()))
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise ValueError(f"--format: expected a comma-separated list of {', '.join(FORMATS)}, got {text!r}"
+                         f"{suggest(unknown[0], FORMATS) if unknown else ''}")
+    return formats
+
+
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python sweeps/analyze.py", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -160,12 +172,14 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
                         help="choice distribution: summed or length-normalised log-likelihoods (lm-eval's acc_norm)")
     parser.add_argument("--logit-std", type=float, default=1.0,
                         help="RMS centred logit sigma (nats) at which the entropy gap is drawn")
+    parser.add_argument("--format", default="png", metavar="FORMAT,...",
+                        help=f"figure formats, comma separated, of {', '.join(FORMATS)} (pdf, svg: vector graphics)")
     args = parser.parse_args(argv)
     remote = "://" in args.results
     out = Path(args.out) if args.out else Path("analysis") if remote else Path(args.results) / "analysis"
     try:
         written = analyze(args.results, parse_filter(args.filter), out, n_boot=args.n_boot, seed=args.seed,
-                          logit_std=args.logit_std, score=args.score)
+                          logit_std=args.logit_std, score=args.score, formats=parse_formats(args.format))
     except ValueError as exc:
         print(f"calsweep: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

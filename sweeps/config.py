@@ -70,6 +70,39 @@ class SearchConfig:
 
 
 @dataclass(frozen=True)
+class MlflowConfig:
+    """Ray Tune's ``MLflowLoggerCallback``: one MLflow run per trial (its params and every report's metrics)."""
+
+    tracking_uri: str | None = None  # null: sqlite:///<results_dir>/mlflow.db (a local results_dir only)
+    experiment: str | None = None  # null: the sweep's name
+    tags: dict[str, str] = field(default_factory=dict)  # set on every run of the sweep
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """Ray Tune's ``WandbLoggerCallback``: one Weights & Biases run per trial, grouped by sweep."""
+
+    project: str = "calsweep"
+    group: str | None = None  # null: the sweep's name
+    entity: str | None = None  # team or user; null: the API key's default
+    mode: str | None = None  # online | offline | disabled; null: wandb's own ($WANDB_MODE, else online)
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Experiment trackers fed by Ray Tune's own logger callbacks, each off unless set (``mlflow: {}`` turns MLflow
+    on with its defaults); they run in the launching process and see every trial report."""
+
+    tensorboard: bool = False  # TBXLoggerCallback: event files in each trial's folder under <results_dir>/ray/<name>
+    mlflow: MlflowConfig | None = None
+    wandb: WandbConfig | None = None
+
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass(frozen=True)
 class SweepConfig:
     """The whole sweep: what to vary, and the settings shared by every trial."""
 
@@ -87,6 +120,7 @@ class SweepConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     @property
     def trial_seeds(self) -> tuple[int, ...]:
@@ -177,6 +211,14 @@ def _check_sweep(config: SweepConfig) -> list[str]:
                         f"repeats), got {list(config.trial_seeds)!r}")
     if search.asha:
         problems += [f"search.asha.{p}" for p in _check_asha(search.asha, config.train)]
+    wandb = config.tracking.wandb
+    if wandb and wandb.mode is not None and wandb.mode not in WANDB_MODES:
+        problems.append(f"tracking.wandb.mode: expected one of {list(WANDB_MODES)} or null, got {wandb.mode!r}"
+                        f"{suggest(str(wandb.mode), WANDB_MODES)}")
+    mlflow = config.tracking.mlflow
+    if mlflow and mlflow.tracking_uri is None and "://" in config.results_dir:
+        problems.append(f"tracking.mlflow.tracking_uri: expected an MLflow tracking URI when results_dir is remote "
+                        f"({config.results_dir!r}), got null")
     gpus = config.resources.gpus_per_worker
     if gpus is not None and (gpus < 0 or (gpus > 1 and gpus != int(gpus))):
         problems.append(f"resources.gpus_per_worker: expected a fraction in [0, 1] or a whole number, got {gpus!r}")

@@ -138,7 +138,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     import ray
     from ray import tune
 
-    from sweeps import search
+    from sweeps import search, tracking
     from sweeps.driver import trial_driver
     from sweeps.progress import StoreRecorder, TrialProgress
     from sweeps.provenance import git_revision, package_versions
@@ -147,13 +147,19 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     quiet = {"log_to_driver": verbose, "logging_level": "warning" if verbose else "error"}
     if address:
-        ray.init(address=address, **quiet)
+        context = ray.init(address=address, **quiet)
     else:
-        ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
-    if not verbose:  # a failed trial is one FAILED line, not Tune's traceback
+        context = ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
+    if not verbose:  # a failed trial is one FAILED line, not Tune's traceback; no Optuna INFO line ('study created')
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
+        if sweep.search.method == "optuna":
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
     if dashboard or address:
-        print(f"Ray dashboard: {ray.get_runtime_context().get_dashboard_url() or '(not running)'}", flush=True)
+        url = context.dashboard_url
+        print(f"Ray dashboard: {f'http://{url}' if url and '://' not in url else url or '(not running)'}", flush=True)
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # tracking.callbacks chooses Tune's loggers
     if sweep.search.method == "optuna":  # progress reports carry no objective until the trial's final report
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     sweep = plan_resources(sweep, ray.cluster_resources())
@@ -179,8 +185,11 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
                 search_alg=search.search_algorithm(sweep), scheduler=search.scheduler(sweep),
                 trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep)),
             run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
-                                      callbacks=[TrialProgress(sweep, n_trials), StoreRecorder(sweep)]),
+                                      callbacks=[TrialProgress(sweep, n_trials), StoreRecorder(sweep),
+                                                 *tracking.callbacks(sweep)]),
         )
+    if not verbose:  # MLflow's own INFO lines (creating its tables) are no trial events
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
     tuner.fit()
     print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
     print(f"\nResults: {results_dir}/trials (one row per trial), {results_dir}/questions (per question)", flush=True)
@@ -217,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     if checked.changed:
         print(f"Re-running {len(checked.changed)} trial(s) stored from another config (--rerun-changed)", flush=True)
     if args.dry_run:
+        if sweep.search.method == "optuna":
+            print(f"Optuna study {sweep.name!r} ({sweep.search.sampler}): {sweep.search.num_samples} trials this launch"
+                  + (", the grid's points first:" if sweep.search.seed_with_grid else "; the grid's points:"))
         for point in sweep.trial_points():
             print(sweep.trial(point).trial_id)
         return 0

@@ -3,7 +3,8 @@
 ``preflight(sweep)`` checks that each family resolves (a registry name with its package or readable hub config,
 an existing local path, or a hub id whose config can be read), each task's data and the SFT data give their
 first row, ``sft.max_seq_len`` holds a prompt and a response token of the first SFT examples under each family's
-tokenizer, ASHA's ``max_t`` exceeds the trials' steps (derived when null), the results directory is writable,
+tokenizer, ASHA's ``max_t`` exceeds the trials' steps (derived when null), the results directory is writable, the
+trackers' packages are installed,
 and which stored ``ok`` rows of the run come from another config (``fingerprint``). It reports all at once.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from sweeps import fingerprint, search, store
 from sweeps.config import SweepConfig, workers_for
+from sweeps.tracking import tracking_problems
 
 SFT_SAMPLE = 8  # SFT examples (in a trial's order) whose prompts must leave room for a response token
 
@@ -199,6 +201,7 @@ def preflight(sweep: SweepConfig) -> Preflight:
     except ValueError as exc:
         problems.append(str(exc))
     problems += search.asha_problems(sweep, steps)
+    problems += tracking_problems(sweep)
     unwritable = store.writable_problem(sweep.results_dir)
     changed: dict[str, str] = {}
     if unwritable:

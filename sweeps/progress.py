@@ -124,7 +124,9 @@ class TrialProgress(Callback):
 
 class StoreRecorder(Callback):
     """Makes sure every trial that ends has its row: a trial stopped early by the scheduler, or whose Tune
-    function died before writing (e.g. its process was killed), is recorded as 'stopped' or 'failed'."""
+    function died before writing (e.g. its process was killed), is recorded as 'stopped' or 'failed'. A stopped
+    trial's driver may have seen its workers torn down and stored that as 'failed' first: Tune's word (complete, not
+    errored) wins over any row but 'ok'."""
 
     def __init__(self, sweep: Any):
         self.sweep = sweep
@@ -135,20 +137,22 @@ class StoreRecorder(Callback):
 
         self.started[trial.trial_id] = _now()
 
-    def _record(self, trial: Any, status: str, error: str | None) -> None:
+    def _record(self, trial: Any, status: str, error: str | None, replaces: tuple[str, ...] = ()) -> None:
+        """Store ``status`` unless the trial has a row already, of a status other than ``replaces``."""
         from sweeps import store
         from sweeps.driver import _now, trial_row
 
         config = trial.config
         trial_id = self.sweep.trial(self.sweep.point(config)).trial_id
-        if trial_id in store.trial_statuses(self.sweep.results_dir, self.sweep.name):
+        stored = store.trial_statuses(self.sweep.results_dir, self.sweep.name).get(trial_id)
+        if stored is not None and stored not in replaces:
             return
         row = trial_row(self.sweep, config, dict(trial.last_result or {}), status, error,
                         self.started.get(trial.trial_id, _now()), config["provenance"])
         store.write_trial(self.sweep.results_dir, row)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._record(trial, "stopped", "stopped early by the scheduler")
+        self._record(trial, "stopped", "stopped early by the scheduler", replaces=("failed",))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record(trial, "failed", trial_error(trial))

@@ -2,6 +2,7 @@
 
     <root>/trials/<run>__<trial_id>.parquet      one row per trial (TRIAL_SCHEMA)
     <root>/questions/<run>__<trial_id>.parquet   one row per scored question (QUESTION_SCHEMA)
+    <root>/models/<run>__<trial_id>/             the trained model as a Hugging Face folder (train.save_model)
 
 A trial's files are named by its deterministic id, so a retry or a resumed sweep replaces them and the
 store keeps exactly one row per trial. Each file is written under a hidden temporary name and then moved
@@ -75,6 +76,7 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("package_versions", pa.string()),  # JSON object: package -> version
     pa.field("git_rev", pa.string()),
     pa.field("hostname", pa.string()),
+    pa.field("model_path", pa.string()),  # the trained model's Hugging Face folder (train.save_model), else null
 ] + [pa.field(name, pa.float64()) for name in METRIC_COLUMNS]
 
 TRIAL_SCHEMA = pa.schema(_TRIAL_FIELDS, metadata={"calsweep_schema_version": str(SCHEMA_VERSION)})
@@ -120,6 +122,27 @@ def write_trial(root: str, row: dict[str, Any]) -> str:
     full["schema_version"] = [SCHEMA_VERSION]
     table = pa.Table.from_pydict(full, schema=TRIAL_SCHEMA)
     return _atomic_write(table, root, "trials", file_stem(row["run_name"], row["trial_id"]))
+
+
+def write_model(root: str, run_name: str, trial_id: str, local_dir: str | Path) -> str:
+    """Copy a local folder (the trained model) to <root>/models/<run>__<trial_id>/, replacing an older one: copied
+    under a hidden name, then moved into place; returns the final path (or URI on remote storage)."""
+    fs, base = filesystem(root)
+    stem = file_stem(run_name, trial_id)
+    directory = f"{base}/models"
+    fs.create_dir(directory, recursive=True)
+    final, temporary = f"{directory}/{stem}", f"{directory}/.{stem}.{uuid.uuid4().hex}.tmp"
+    fs.create_dir(temporary, recursive=True)
+    pafs.copy_files(str(Path(local_dir).resolve()), temporary, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs)
+    _remove_model(fs, final)
+    fs.move(temporary, final)
+    return final if "://" not in root else f"{root.rstrip('/')}/models/{stem}"
+
+
+def _remove_model(fs: pafs.FileSystem, path: str) -> None:
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
 
 
 def write_questions(root: str, run_name: str, trial_id: str, records: pa.Table) -> str:
@@ -169,12 +192,14 @@ def stored_trial(root: str, run_name: str, trial_id: str) -> dict[str, Any] | No
 
 
 def remove_trial(root: str, run_name: str, trial_id: str) -> None:
-    """Delete a trial's row and per-question file (each a single atomic delete; absent files are fine)."""
+    """Delete a trial's row, per-question file and saved model (each file a single atomic delete; absent files are
+    fine)."""
     fs, base = filesystem(root)
     for table_name in ("trials", "questions"):
         path = f"{base}/{table_name}/{file_stem(run_name, trial_id)}.parquet"
         if fs.get_file_info(path).type != pafs.FileType.NotFound:
             fs.delete_file(path)
+    _remove_model(fs, f"{base}/models/{file_stem(run_name, trial_id)}")
 
 
 def writable_problem(root: str) -> str | None:

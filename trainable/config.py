@@ -96,6 +96,7 @@ class TrainConfig:
     checkpoint_every_minutes: float | None = 30.0  # minutes between checkpoints (checked after each step); null: off
     checkpoints_to_keep: int = 1  # newest checkpoints kept per trial in the results storage; older ones are deleted
     deepspeed: dict[str, Any] = field(default_factory=dict)  # merged last into the DeepSpeed config
+    save_model: bool = False  # after training: a Hugging Face folder under <results_dir>/models/ (trainable.export)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import torch
 from trainable import checkpointing
 from trainable.attention_check import AttentionChoice, choose_attention
 from trainable.compiled import compile_wanted, compiled_decoder_layers
+from trainable.export import save_hf_model
 from trainable.config import TrialConfig
 from trainable.fault_injection import die_if_due
 from trainable.lm_head import CausalLMWithFusedLoss
@@ -212,6 +213,9 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                 report_checkpoint(metrics, Path(directory))
     clock.stop()
     train_s = clock.stopped - clock.started
+    model_path = None
+    if trial.train.save_model:
+        model_path = save_model(model, tokenizer, trial, rank)
 
     eval_started = time.time()
     summary: dict[str, dict[str, float]] = {}
@@ -242,7 +246,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         **{f"model_{k}": v for k, v in facts.items()},
         "model_source": spec.source, "model_location": spec.location,
         "wall_load_s": load_s, "wall_train_s": train_s, "wall_eval_s": eval_s,
-        "wall_total_s": time.time() - started, **compile_cache_counts(),
+        "wall_total_s": time.time() - started, "model_path": model_path, **compile_cache_counts(),
     }
     for task, metrics in summary.items():
         final.update({f"{task}_{name}": float(value) for name, value in metrics.items()})
@@ -264,6 +268,16 @@ def _write_final(directory: Path, final: dict[str, Any], records, trial: TrialCo
     checkpointing.write_trial_record(directory, trial.to_dict(), world_size)
     if records is not None:
         pq.write_table(records, directory / checkpointing.QUESTIONS_FILE)
+
+
+def save_model(model: torch.nn.Module, tokenizer: Any, trial: TrialConfig, rank: int) -> str | None:
+    """The trained model as a Hugging Face folder in the trial's place of the results store (rank 0 returns it,
+    other ranks None; collective). Written beside the store in a temporary folder first, then moved in whole."""
+    from sweeps.store import write_model
+
+    with tempfile.TemporaryDirectory() as directory:
+        saved = save_hf_model(model, tokenizer, rank, directory)
+        return write_model(trial.results_dir, trial.run_name, trial.trial_id, saved) if saved else None
 
 
 def train_fn_per_worker(config: dict[str, Any]) -> None:

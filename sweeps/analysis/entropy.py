@@ -10,6 +10,7 @@ figure as it was before: our rank bound (``calibration.rank_entropy_bound``) per
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,8 +24,10 @@ TRIAL_FACTS = ["trial", "sft_dataset", "family", "label_smoothing", "learning_ra
 MEASURED = f"measured per trial ({', '.join(STATS)}; calibration/entropy_floor.py)"
 
 
-def entropy_outputs(trials: pd.DataFrame, logit_std: float, out: Path, notes: list[str]) -> tuple[list[Path], str]:
-    """entropy_gap.csv and entropy_gap.png, and one line for the notes saying what they show."""
+def entropy_outputs(trials: pd.DataFrame, logit_std: float, out: Path, notes: list[str],
+                    formats: Sequence[str] = ("png",)) -> tuple[list[Path], str]:
+    """entropy_gap.csv and the entropy_gap figure (one file per format), and one line for the notes saying what
+    they show."""
     sized = trials.dropna(subset=["vocab_size", "hidden_size"])
     unknown = sorted(set(trials["family"]) - set(sized["family"]))
     if unknown:
@@ -32,7 +35,7 @@ def entropy_outputs(trials: pd.DataFrame, logit_std: float, out: Path, notes: li
                      f"entropy_gap")
     measured = sized.dropna(subset=list(STATS))
     if measured.empty:
-        return _rank_bound(sized, logit_std, out), (
+        return _rank_bound(sized, logit_std, out, formats), (
             f"entropy gap: no selected trial stores the measured entropy columns ({', '.join(STATS)}), so "
             f"entropy_gap.png shows our rank bound (`calibration/rank_entropy_bound.py`) at RMS centred logit sigma "
             f"= {logit_std:g} per model, as before those columns existed (not the paper's eq. 14)")
@@ -44,12 +47,12 @@ def entropy_outputs(trials: pd.DataFrame, logit_std: float, out: Path, notes: li
     rows = rows.assign(floor_gap=(log_v - rows["entropy_floor"]) / log_v,
                        entropy_gap=(log_v - rows["mean_entropy"]) / log_v).reset_index(drop=True)
     rows.to_csv(out / "entropy_gap.csv", index=False)
-    return [out / "entropy_gap.csv", figures.entropy_against_floor(rows, out / "entropy_gap.png")], (
+    return [out / "entropy_gap.csv", *figures.entropy_against_floor(rows, out / "entropy_gap.png", formats)], (
         f"entropy gap: eq. 14 (`calibration/entropy_bound.py`) at each trial's rho = sigma_c * sigma_h_max, "
         f"{MEASURED}, beside the trial's mean next-token entropy on its evaluation prompts")
 
 
-def _rank_bound(sized: pd.DataFrame, logit_std: float, out: Path) -> list[Path]:
+def _rank_bound(sized: pd.DataFrame, logit_std: float, out: Path, formats: Sequence[str]) -> list[Path]:
     """Per model: our rank bound's floor (nats) and gap at its hidden and vocabulary size."""
     models = sized.drop_duplicates("family")[["family", "vocab_size", "hidden_size"]].reset_index(drop=True)
     models["entropy_floor"] = [float(rank_entropy_floor(d, v, logit_std)) for d, v in
@@ -57,4 +60,4 @@ def _rank_bound(sized: pd.DataFrame, logit_std: float, out: Path) -> list[Path]:
     models["normalised_entropy_gap"] = [float(rank_entropy_gap(d, v, logit_std)) for d, v in
                                         zip(models["hidden_size"], models["vocab_size"])]
     models.to_csv(out / "entropy_gap.csv", index=False)
-    return [out / "entropy_gap.csv", figures.rank_entropy_gap(models, logit_std, out / "entropy_gap.png")]
+    return [out / "entropy_gap.csv", *figures.rank_entropy_gap(models, logit_std, out / "entropy_gap.png", formats)]

@@ -1,11 +1,12 @@
-"""The figures, as PNG files: ECE and its paired change against beta, ECE with and without temperature scaling,
-Delta ECE against vocabulary and hidden size (the paper's Figures 3 and 5), the normalised entropy gap (Figure 4)
-and reliability pairs."""
+"""The figures: ECE and its paired change against beta, ECE with and without temperature scaling, Delta ECE against
+vocabulary and hidden size (the paper's Figures 3 and 5), the normalised entropy gap (Figure 4) and reliability
+pairs. Each is written once per format of ``formats`` (``FORMATS``: PNG, and PDF / SVG as vector graphics for a
+paper), at ``path`` with that suffix; each function returns the files it wrote."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 
@@ -13,17 +14,17 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.image import imread  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from calibration.entropy_bound import normalised_entropy_gap  # noqa: E402
 from calibration.rank_entropy_bound import rank_entropy_gap as rank_gap  # noqa: E402
-from calibration.reliability import reliability_diagram  # noqa: E402
+from calibration.reliability import HEIGHTS, SIZE, draw_reliability  # noqa: E402
 from sweeps.analysis.questions import CellQuestions  # noqa: E402
 from sweeps.analysis.tables import TASK_NAMES  # noqa: E402
 
 REFERENCE_VOCABS = (32_000, 128_256, 262_144)  # Llama-2 / Mistral, Llama-3, Gemma-3
 HIDDEN_RANGE = (8, 16_384)
+FORMATS = ("png", "pdf", "svg")  # what --format accepts
 
 
 def _per_task(tasks: tuple[str, ...], title: str) -> tuple[plt.Figure, list[plt.Axes]]:
@@ -34,11 +35,14 @@ def _per_task(tasks: tuple[str, ...], title: str) -> tuple[plt.Figure, list[plt.
     return fig, list(axes[0])
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def _save(fig: plt.Figure, path: Path, formats: Sequence[str]) -> list[Path]:
+    """``fig`` at ``path`` once per format (its suffix replaced), closed afterwards."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    paths = [path.with_suffix(f".{fmt}") for fmt in formats]
+    for target in paths:
+        fig.savefig(target, dpi=120)
     plt.close(fig)
-    return path
+    return paths
 
 
 def _colours(frame: pd.DataFrame) -> dict[str, str]:
@@ -65,7 +69,8 @@ def _interval_lines(ax: plt.Axes, rows: pd.DataFrame, value: str, colours: dict[
                     color=colours[family], label=f"{family}{suffix} (seeds: {shown})")
 
 
-def ece_against_beta(intervals: pd.DataFrame, dataset: str, tasks: tuple[str, ...], path: Path) -> Path:
+def ece_against_beta(intervals: pd.DataFrame, dataset: str, tasks: tuple[str, ...], path: Path,
+                     formats: Sequence[str] = ("png",)) -> list[Path]:
     """ECE (%) against beta per family and task, with the seed-and-question interval of each point."""
     fig, axes = _per_task(tasks, f"SFT on {dataset}: ECE at each beta (95% bootstrap interval over seeds, then "
                                  f"questions)")
@@ -74,10 +79,11 @@ def ece_against_beta(intervals: pd.DataFrame, dataset: str, tasks: tuple[str, ..
         _interval_lines(ax, intervals[intervals["task"] == task], "ece", colours)
         ax.set(xlabel="label smoothing beta", ylabel="ECE (%)")
     axes[0].legend(fontsize="small")
-    return _save(fig, path)
+    return _save(fig, path, formats)
 
 
-def paired_against_beta(paired: pd.DataFrame, dataset: str, tasks: tuple[str, ...], path: Path) -> Path:
+def paired_against_beta(paired: pd.DataFrame, dataset: str, tasks: tuple[str, ...], path: Path,
+                        formats: Sequence[str] = ("png",)) -> list[Path]:
     """ECE(beta) - ECE(0) (%) per family and task with its paired bootstrap interval; below 0: LS lowers ECE."""
     fig, axes = _per_task(tasks, f"SFT on {dataset}: ECE(beta) - ECE(0), paired over shared questions (95% over "
                                  f"seeds, then questions)")
@@ -87,10 +93,11 @@ def paired_against_beta(paired: pd.DataFrame, dataset: str, tasks: tuple[str, ..
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set(xlabel="label smoothing beta", ylabel="Delta ECE (%)")
     axes[0].legend(fontsize="small")
-    return _save(fig, path)
+    return _save(fig, path, formats)
 
 
-def delta_against_size(deltas: pd.DataFrame, dataset: str, tasks: tuple[str, ...], column: str, path: Path) -> Path:
+def delta_against_size(deltas: pd.DataFrame, dataset: str, tasks: tuple[str, ...], column: str, path: Path,
+                       formats: Sequence[str] = ("png",)) -> list[Path]:
     """Delta ECE (%) from beta = 0 to the best beta against ``column`` (vocab_size, hidden_size), a point per model."""
     label = {"vocab_size": "vocabulary size", "hidden_size": "hidden size"}[column]
     fig, axes = _per_task(tasks, f"SFT on {dataset}: change in ECE from beta = 0 to the best beta, by {label}")
@@ -104,10 +111,11 @@ def delta_against_size(deltas: pd.DataFrame, dataset: str, tasks: tuple[str, ...
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set(xscale="log", xlabel=label, ylabel="Delta ECE (%)")
         ax.xaxis.set_minor_formatter(NullFormatter())  # log-axis minor labels collide
-    return _save(fig, path)
+    return _save(fig, path, formats)
 
 
-def ls_ts_against_beta(frame: pd.DataFrame, dataset: str, tasks: tuple[str, ...], path: Path) -> Path:
+def ls_ts_against_beta(frame: pd.DataFrame, dataset: str, tasks: tuple[str, ...], path: Path,
+                       formats: Sequence[str] = ("png",)) -> list[Path]:
     """ECE (%) against beta per family and task, as trained (solid: beta = 0 is neither, beta > 0 is LS) and after
     temperature scaling (dashed: TS at beta = 0, LS + TS above), with their seed-and-question intervals."""
     fig, axes = _per_task(tasks, f"SFT on {dataset}: ECE as trained (solid) and after temperature scaling "
@@ -123,10 +131,11 @@ def ls_ts_against_beta(frame: pd.DataFrame, dataset: str, tasks: tuple[str, ...]
             _interval_lines(ax, scaled, "ece_ts", colours, "ece_ts_low", "ece_ts_high", "--", " + TS")
         ax.set(xlabel="label smoothing beta", ylabel="ECE (%)")
         ax.legend(fontsize="x-small")
-    return _save(fig, path)
+    return _save(fig, path, formats)
 
 
-def entropy_against_floor(trials: pd.DataFrame, path: Path) -> Path:
+def entropy_against_floor(trials: pd.DataFrame, path: Path,
+                          formats: Sequence[str] = ("png",)) -> list[Path]:
     """Figure 4's axes, (log |V| - H) / log |V| against D: each trial at its eq. 14 floor (open) and at its measured
     mean entropy (filled), joined; a dashed eq. 14 curve per family at its median rho."""
     hidden = np.geomspace(*HIDDEN_RANGE, 200)
@@ -145,10 +154,11 @@ def entropy_against_floor(trials: pd.DataFrame, path: Path) -> Path:
     ax.set(xscale="log", xlabel="hidden size D", ylabel="normalised entropy gap (log|V| - H) / log|V|",
            title="Eq. 14 entropy floor and measured mean entropy per trial")
     ax.legend(fontsize="x-small")
-    return _save(fig, path)
+    return _save(fig, path, formats)
 
 
-def rank_entropy_gap(models: pd.DataFrame, logit_std: float, path: Path) -> Path:
+def rank_entropy_gap(models: pd.DataFrame, logit_std: float, path: Path,
+                     formats: Sequence[str] = ("png",)) -> list[Path]:
     """Our rank bound's gap against hidden size for reference vocabularies and the models' own, models on it
     (the figure of stores without measured entropy)."""
     hidden = np.geomspace(*HIDDEN_RANGE, 200)
@@ -166,16 +176,15 @@ def rank_entropy_gap(models: pd.DataFrame, logit_std: float, path: Path) -> Path
     ax.set(xscale="log", xlabel="hidden size d", ylabel="normalised entropy gap",
            title=f"Our rank bound (no measured entropy stored), RMS centred logit sigma = {logit_std:g}")
     ax.legend(fontsize="small")
-    return _save(fig, path)
+    return _save(fig, path, formats)
 
 
 def reliability_pair(base: CellQuestions, best: CellQuestions, best_beta: float, label: str, n_bins: int,
-                     path: Path) -> Path:
+                     path: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
     """``calibration.reliability`` diagrams of beta = 0 (left) and the best beta (right), side by side."""
-    with tempfile.TemporaryDirectory() as tmp:
-        halves = [reliability_diagram(cell.confidence.ravel(), cell.correct.ravel(), Path(tmp) / f"{i}.png",
-                                      n_bins=n_bins, title=f"{label}, beta = {beta:g}")
-                  for i, (cell, beta) in enumerate(((base, 0.0), (best, best_beta)))]
-        images = [imread(half) for half in halves]
-    plt.imsave(path, np.concatenate(images, axis=1))
-    return path
+    fig, axes = plt.subplots(2, 2, figsize=(2 * SIZE[0], SIZE[1]), sharex=True,
+                             gridspec_kw={"height_ratios": HEIGHTS})
+    for column, (cell, beta) in enumerate(((base, 0.0), (best, best_beta))):
+        draw_reliability(axes[0, column], axes[1, column], cell.confidence.ravel(), cell.correct.ravel(),
+                         n_bins=n_bins, title=f"{label}, beta = {beta:g}")
+    return _save(fig, path, formats)

@@ -1,4 +1,5 @@
-"""Tables as CSV (fractions, full precision, for code) and Markdown (percent, with the caption, for people)."""
+"""Tables as CSV (fractions, full precision, for code) and Markdown (percent, with the caption, for people); Table 1
+also as LaTeX (the Markdown's cells and caption, a booktabs ``table`` float for a paper)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,24 @@ def markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped, to be typeset as it reads."""
+    return "".join(_LATEX_SPECIAL.get(char, char) for char in text)
+
+
+def latex(frame: pd.DataFrame, caption: str, label: str) -> str:
+    """A full-width LaTeX ``table*`` float of ``frame``'s cells as they are, every cell and the caption escaped;
+    booktabs rules, scaled to the text width (``\\usepackage{booktabs,graphicx}``)."""
+    body = frame.astype(str).to_latex(index=False, escape=True, column_format="l" * len(frame.columns))
+    caption = latex_escape(caption.replace("`", ""))  # Markdown's code quotes
+    return (f"\\begin{{table*}}[t]\n\\centering\n\\caption{{{caption}}}\n\\label{{{label}}}\n"
+            f"\\resizebox{{\\textwidth}}{{!}}{{%\n{body}}}\n\\end{{table*}}\n")
+
+
 def percent(value: float) -> str:
     return "-" if pd.isna(value) else f"{100 * value:.2f}"
 
@@ -34,8 +53,8 @@ def with_interval(value: float, low: float, high: float) -> str:
 
 def write_table_one(table: pd.DataFrame, intervals: pd.DataFrame, tasks: tuple[str, ...], n_bins: int, n_boot: int,
                     out: Path, distribution: str) -> list[Path]:
-    """table1.csv and table1.md: per SFT dataset x family x beta, Acc / ECE / RMS of each task at the selected lr,
-    the ECE with its seed-and-question interval (``intervals``: questions.INTERVAL_COLUMNS)."""
+    """table1.csv, table1.md and table1.tex: per SFT dataset x family x beta, Acc / ECE / RMS of each task at the
+    selected lr, the ECE with its seed-and-question interval (``intervals``: questions.INTERVAL_COLUMNS)."""
     metrics = [f"{t}_{m}" for t in tasks for m in TABLE_METRICS]
     by_cell = intervals.set_index(["sft_dataset", "family", "label_smoothing", "task"])
     table = table.copy()
@@ -57,13 +76,14 @@ def write_table_one(table: pd.DataFrame, intervals: pd.DataFrame, tasks: tuple[s
             shown[f"{TASK_NAMES[task]} {METRIC_NAMES[metric]}"] = (
                 [with_interval(*v) for v in table[[f"{task}_ece", f"{task}_ece_low", f"{task}_ece_high"]].to_numpy()]
                 if metric == "ece" else table[f"{task}_{metric}"].map(percent))
-    caption = (f"**Table 1.** Accuracy, ECE and RMS calibration error (%, top label of the {distribution}, {n_bins} "
+    caption = (f"Accuracy, ECE and RMS calibration error (%, top label of the {distribution}, {n_bins} "
                f"equal-width bins) on {', '.join(TASK_NAMES[t] for t in tasks)} after SFT with label smoothing beta; "
                f"{SELECTION}; n: trials, seeds: distinct seeds among them. ECE in brackets: "
                f"{INTERVALS.format(n_boot=n_boot)}, from the trials with stored questions.")
-    md = out / "table1.md"
-    md.write_text(caption + "\n\n" + markdown(shown))
-    return [csv, md]
+    md, tex = out / "table1.md", out / "table1.tex"
+    md.write_text(f"**Table 1.** {caption}\n\n" + markdown(shown))
+    tex.write_text(latex(shown, caption, "tab:table1"))
+    return [csv, md, tex]
 
 
 def write_paired(paired: pd.DataFrame, n_boot: int, out: Path) -> list[Path]:

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from xml.etree import ElementTree
 from pathlib import Path
 
 import numpy as np
@@ -123,8 +124,8 @@ def analysed(synthetic_store) -> tuple[Path, list[Path]]:
 
 def test_every_output_is_written(analysed):
     out, written = analysed
-    expected = ["table1.csv", "table1.md", "paired_ece.csv", "paired_ece.md", "ece_intervals.csv", "delta_ece.csv",
-                "entropy_gap.csv", "entropy_gap.png", "ls_ts.csv", "ls_ts.md", "notes.md"]
+    expected = ["table1.csv", "table1.md", "table1.tex", "paired_ece.csv", "paired_ece.md", "ece_intervals.csv",
+                "delta_ece.csv", "entropy_gap.csv", "entropy_gap.png", "ls_ts.csv", "ls_ts.md", "notes.md"]
     for dataset in ("alpaca", "tulu3"):  # ls_ts: every trial stored held-out MMLU questions, so T is fitted
         expected += [f"ece_vs_beta_{dataset}.png", f"paired_ece_{dataset}.png", f"ls_ts_{dataset}.png",
                      f"delta_ece_vs_vocab_{dataset}.png", f"delta_ece_vs_hidden_{dataset}.png"]
@@ -175,6 +176,47 @@ def test_markdown_table_shows_the_csv_numbers_in_percent_with_its_caption(analys
     ece = f"{100 * row['mmlu_ece']:.2f} [{100 * row['mmlu_ece_low']:.2f}, {100 * row['mmlu_ece_high']:.2f}]"
     assert cells[6:9] == [f"{100 * row['mmlu_accuracy']:.2f}", ece, f"{100 * row['mmlu_rms_ce']:.2f}"]
     assert "resamples of the cell's seeds, then of the questions (questions only where seeds = 1" in text
+
+
+def test_latex_table_one_holds_the_markdown_cells_escaped(analysed):
+    out, _ = analysed
+    text, md = (out / "table1.tex").read_text(), (out / "table1.md").read_text()
+    assert text.startswith("\\begin{table*}") and text.rstrip().endswith("\\end{table*}")
+    assert "\\toprule" in text and "\\bottomrule" in text and "\\label{tab:table1}" in text
+    caption = text.split("\\caption{", 1)[1].split("}\n", 1)[0]
+    assert "95\\% percentile interval" in caption and "%" not in caption.replace("\\%", "")  # no bare comment sign
+    md_rows = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()
+               if line.startswith("| ") and not line.startswith(("| SFT data", "| ---"))]
+    body = text.split("\\midrule\n", 1)[1].split("\\bottomrule", 1)[0]
+    tex_rows = [[c.strip().replace("\\_", "_") for c in line.removesuffix("\\\\").split(" & ")]
+                for line in body.strip().splitlines()]
+    assert tex_rows == md_rows and len(tex_rows) == len(pd.read_csv(out / "table1.csv"))
+
+
+def test_figures_in_every_format_asked_for(synthetic_store, tmp_path):
+    written = main([str(synthetic_store), "--filter", "dataset=alpaca,task=mmlu", "--out", str(tmp_path),
+                    "--n-boot", "5", "--format", "pdf,svg"])
+    figures = [p for p in written if p.suffix not in (".csv", ".md", ".tex")]
+    assert not [p for p in figures if p.suffix == ".png"] and not list(tmp_path.rglob("*.png"))
+    stems = {p.with_suffix("") for p in figures}
+    assert {p.with_suffix("").relative_to(tmp_path).as_posix() for p in figures} >= {
+        "ece_vs_beta_alpaca", "entropy_gap", "reliability/alpaca/small__mmlu"}
+    assert sorted(figures) == sorted(stem.with_suffix(f".{f}") for stem in stems for f in ("pdf", "svg"))
+    for path in figures:
+        if path.suffix == ".pdf":
+            assert path.read_bytes().startswith(b"%PDF-")
+        else:
+            root = ElementTree.parse(path).getroot()
+            assert root.tag == "{http://www.w3.org/2000/svg}svg" and len(root.findall(".//{*}path")) > 10
+
+
+@pytest.mark.parametrize("formats", ["png,jpeg", "pfd", ""])
+def test_unknown_figure_formats_are_one_line_errors(synthetic_store, tmp_path, capsys, formats):
+    with pytest.raises(SystemExit) as stopped:
+        main([str(synthetic_store), "--out", str(tmp_path), "--format", formats])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and error.count("\n") == 1 and "--format: expected" in error
+    assert ("did you mean 'pdf'" in error) == (formats == "pfd") and not list(tmp_path.iterdir())
 
 
 def test_question_level_ece_matches_the_stored_ece(analysed, synthetic_store):
@@ -238,7 +280,7 @@ def test_filters_select_a_subset(synthetic_store, tmp_path):
     assert sorted(p.name for p in written) == sorted(["delta_ece.csv", "ece_intervals.csv", "entropy_gap.csv",
                                                "entropy_gap.png", "ece_vs_beta_alpaca.png", "notes.md",
                                                "paired_ece.csv", "paired_ece.md", "table1.csv", "table1.md",
-                                               "ls_ts.csv", "ls_ts.md", "ls_ts_alpaca.png"])
+                                               "table1.tex", "ls_ts.csv", "ls_ts.md", "ls_ts_alpaca.png"])
 
 
 @pytest.mark.parametrize("text,match", [("family", "KEY=VALUE"), ("colour=red", "KEY=VALUE"),
@@ -307,7 +349,7 @@ def test_command_line(synthetic_store, tmp_path):
                "family=only0,task=mmlu", "--out", str(tmp_path), "--n-boot", "5"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "wrote 13 files" in done.stdout and "alpaca/only0: no beta > 0 trial" in done.stdout
+    assert "wrote 14 files" in done.stdout and "alpaca/only0: no beta > 0 trial" in done.stdout
     assert (tmp_path / "table1.md").is_file()
 
 
@@ -436,7 +478,7 @@ def test_stored_temperature_columns_are_read_first(synthetic_store, tmp_path):
     ls_ts = ls_ts_table(table, temperatures, ece_intervals(cell_questions(table, results.questions, results.tasks),
                                                            15, 5, 0),
                         ece_intervals(cell_questions(table, scaled, results.tasks), 15, 5, 0), results.tasks, [])
-    assert imread(ls_ts_against_beta(ls_ts, "alpaca", results.tasks, tmp_path / "ls_ts.png")).ndim == 3
+    assert imread(ls_ts_against_beta(ls_ts, "alpaca", results.tasks, tmp_path / "ls_ts.png")[0]).ndim == 3
     ls_ts, table = ls_ts.set_index(["task", "label_smoothing"]), table.set_index("label_smoothing")
     for beta in table.index:
         trial = table.at[beta, "trials"]

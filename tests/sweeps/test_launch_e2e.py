@@ -1,9 +1,11 @@
 """End to end: `python sweeps/launch.py` on a tiny random-init model, 2 trials, through Ray Tune, Ray Train and
 DeepSpeed on CPU, into the Parquet store. The driver is killed (with its local Ray) once the first trial is done;
-`--resume` finishes the sweep without re-running that trial, and the store holds exactly one row per trial."""
+`--resume` (with the Ray dashboard started) finishes the sweep without re-running that trial, and the store holds
+exactly one row per trial."""
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,9 +50,10 @@ def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
     before = {r["trial_id"]: r for r in store.read_trials(str(tmp_path), "tiny").to_pylist() if r["status"] == "ok"}
     assert len(before) >= 1
 
-    out = subprocess.run(_command(tmp_path, "--resume", "tiny"), capture_output=True, text=True, timeout=900,
-                         env=_env(data_dir))
+    out = subprocess.run(_command(tmp_path, "--resume", "tiny", "--dashboard"), capture_output=True, text=True,
+                         timeout=900, env=_env(data_dir))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"^Ray dashboard: http://127\.0\.0\.1:\d+$", out.stdout, re.M), out.stdout[:2000]
     rows = store.read_trials(str(tmp_path), "tiny").to_pylist()
     for row in rows:  # finished trials were not run again
         if row["trial_id"] in before:
@@ -67,6 +70,8 @@ def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
                 assert 0 <= row[f"{task}_{metric}"] <= 1, (task, metric)
             assert row[f"{task}_ece"] <= row[f"{task}_rms_ce"] + 1e-12 <= row[f"{task}_mce"] + 2e-12
             assert math.isfinite(row[f"{task}_nll"]) and 0 <= row[f"{task}_brier"] <= 2
+    trial_dirs = [tmp_path / "ray" / "tiny" / row["trial_id"] for row in rows]  # tracking is off by default
+    assert all((d / "result.json").is_file() for d in trial_dirs) and not list(tmp_path.rglob("events.out.tfevents*"))
     questions = store.read_questions(str(tmp_path), "tiny")
     assert questions.num_rows == 2 * 3 * 4
     table = out.stdout[out.stdout.index("family"):]

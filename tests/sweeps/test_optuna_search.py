@@ -1,7 +1,9 @@
 """`search: optuna` end to end on a tiny model: a multi-objective TPE study warm-started with the grid, kept in
-SQLite, continued by a second launch (which adds trials instead of starting over), with ASHA on validation loss."""
+SQLite, continued by a second launch (which adds trials instead of starting over), with ASHA on validation loss;
+with `tracking` on, each trial is an MLflow run (read back with MLflow's client) and has TensorBoard event files."""
 
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ def _config(tmp_path: Path, num_samples: int) -> Path:
     config["search"] = {"method": "optuna", "num_samples": num_samples, "sampler": "tpe",
                         "objectives": {"arc_easy_ece": "min", "arc_easy_accuracy": "max"},
                         "asha": {"metric": "val_loss", "mode": "min", "grace_period": 1, "max_t": 10}}
+    config["tracking"] = {"tensorboard": True, "mlflow": {"tags": {"purpose": "test"}}}
     path = tmp_path / f"study_{num_samples}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -39,6 +42,7 @@ def test_optuna_study_persists_and_continues(tmp_path, data_dir):
     storage = f"sqlite:///{tmp_path / 'results' / 'optuna' / 'study.db'}"
     out = _launch(_config(tmp_path, num_samples=1), data_dir)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "A new study created" not in out.stderr and "mlflow" not in out.stderr  # their INFO lines: --verbose only
     study = optuna.load_study(study_name="study", storage=storage)
     assert len(study.directions) == 2
     first = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -52,3 +56,46 @@ def test_optuna_study_persists_and_continues(tmp_path, data_dir):
     rows = store.read_trials(str(tmp_path / "results"), "study").to_pylist()
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
     assert all(0 <= r["arc_easy_ece"] <= 1 for r in rows)
+    _check_tracking(tmp_path / "results", rows)
+
+
+def _check_tracking(results: Path, rows: list[dict]) -> None:
+    """Both launches' trials are runs of one MLflow experiment holding what the store holds; each trial's Tune
+    folder has TensorBoard scalars."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("study").experiment_id])
+    assert len(runs) == 2 and {run.info.status for run in runs} == {"FINISHED"}
+    by_beta = {float(run.data.params["label_smoothing"]): run for run in runs}
+    for row in rows:
+        run = by_beta[row["label_smoothing"]]
+        assert run.data.params["family"] == "tiny-llama" and run.data.tags["purpose"] == "test"
+        assert run.data.metrics["arc_easy_ece"] == row["arc_easy_ece"]
+        steps = client.get_metric_history(run.info.run_id, "train_loss")
+        assert len(steps) >= 2 and steps[-1].value == row["train_loss"]  # every report, the final one last
+        events = list((results / "ray" / "study" / row["trial_id"]).glob("events.out.tfevents.*"))
+        assert len(events) == 1 and {"ray/tune/arc_easy_ece", "ray/tune/train_loss"} <= _scalar_tags(events[0])
+
+
+def _scalar_tags(path: Path) -> set[str]:
+    """The scalar tags of a TensorBoard event file (TFRecord framing: length, CRC, Event protobuf, CRC)."""
+    from tensorboardX.proto import event_pb2
+
+    data, offset, tags = path.read_bytes(), 0, set()
+    while offset < len(data):
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+        tags |= {value.tag for value in event.summary.value}
+        offset += 12 + length + 4
+    return tags
+
+
+def test_shipped_optuna_config_runs_as_it_is(tmp_path, data_dir, capsys):
+    from sweeps.launch import main
+
+    shipped = REPO / "sweeps" / "configs" / "smollm2_optuna.yaml"
+    assert main(["--config", str(shipped), "--results-dir", str(tmp_path), "--data-dir", data_dir, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Optuna study 'smollm2_optuna' (tpe): 4 trials this launch, the grid's points first:"
+    assert [line.split("_")[2] for line in lines[1:]] == ["ls0", "ls0.3"]  # beta's range ends, then sampled points

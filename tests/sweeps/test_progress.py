@@ -8,7 +8,7 @@ from ray.tune.experiment import Trial
 
 from sweeps import store
 from sweeps.config import load_sweep
-from sweeps.progress import TrialProgress, sweep_eta
+from sweeps.progress import StoreRecorder, TrialProgress, sweep_eta
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
 
@@ -57,3 +57,23 @@ def test_a_resumed_trial_gets_one_line(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[2:] == [f"[calsweep 0/1] {trial}: resumed from its checkpoint at step 2/6",
                          f"[calsweep 0/1] {trial}: resumed from its checkpoint at step 4/6"]
+
+
+def test_store_recorder_keeps_ok_and_errors_but_a_stopped_trial_is_stopped(tmp_path):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path), "label_smoothing": [0.0, 0.1, 0.2]})
+    points = sweep.trial_points()
+    trials = [Trial("trainable", config={**p._asdict(), "provenance": {"git_rev": "abc"}}, stub=True) for p in points]
+    ids = [sweep.trial(p).trial_id for p in points]
+    recorder = StoreRecorder(sweep)
+    for trial in trials:
+        recorder.on_trial_start(0, trials, trial)
+    for trial_id, status in zip(ids, ("ok", "failed", "failed")):  # the drivers' own rows
+        store.write_trial(str(tmp_path), {"run_name": sweep.name, "trial_id": trial_id, "status": status,
+                                          "error": None if status == "ok" else "ActorDiedError: the actor died"})
+    recorder.on_trial_complete(0, trials, trials[0])  # finished: its ok row stays
+    recorder.on_trial_complete(0, trials, trials[1])  # ASHA stopped it; its driver saw the workers torn down
+    recorder.on_trial_error(0, trials, trials[2])  # a real failure: the driver's error stays
+    rows = {r["trial_id"]: r for r in store.read_trials(str(tmp_path), sweep.name).to_pylist()}
+    assert [rows[i]["status"] for i in ids] == ["ok", "stopped", "failed"]
+    assert rows[ids[1]]["error"] == "stopped early by the scheduler" and rows[ids[1]]["git_rev"] == "abc"
+    assert rows[ids[2]]["error"] == "ActorDiedError: the actor died"

@@ -1,5 +1,6 @@
 """The Parquet store: schema, one row per trial id, atomic writes that leave readers a valid store."""
 
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -70,3 +71,21 @@ def test_remove_trial_deletes_its_row_and_questions_only(tmp_path):
     assert set(store.read_questions(str(tmp_path)).column("trial_id").to_pylist()) == {"b"}
     assert store.stored_trial(str(tmp_path), "r", "b")["status"] == "ok"
     assert store.stored_trial(str(tmp_path), "r", "a") is None
+
+
+def test_a_saved_model_folder_is_moved_in_whole_replaced_and_removed_with_its_trial(tmp_path):
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "sub" / "weights.bin").write_bytes(b"\x00\x01")
+    root = str(tmp_path / "results")
+    path = store.write_model(root, "run", "t1", model)
+    assert path == str(tmp_path / "results" / "models" / "run__t1")
+    assert (Path(path) / "sub" / "weights.bin").read_bytes() == b"\x00\x01"
+    (model / "config.json").unlink()
+    (model / "tokenizer.json").write_text("{}")
+    store.write_model(root, "run", "t1", model)  # a rerun's model replaces the folder, no file of the old one stays
+    assert sorted(p.name for p in Path(path).iterdir()) == ["sub", "tokenizer.json"]
+    assert [p.name for p in (tmp_path / "results" / "models").iterdir()] == ["run__t1"]  # no temporary left
+    store.remove_trial(root, "run", "t1")
+    assert not Path(path).exists()

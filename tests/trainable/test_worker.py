@@ -1,6 +1,7 @@
 """A whole trial in-process (no Ray): DeepSpeed SFT with the fused loss, then scoring; seeded and repeatable."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,3 +70,44 @@ def test_without_the_attention_check_the_row_says_unchecked(tiny_llama_config, d
                                                            one_rank_process_group):
     final, _ = _run(_trial(tiny_llama_config, data_dir, tmp_path, attention_check=False))
     assert final["attention"] == "unchecked" and math.isfinite(final["train_loss"])
+
+
+def test_saved_model_scores_like_the_trial_in_evaluate_and_lm_eval(tiny_llama_config, data_dir, tmp_path,
+                                                                   one_rank_process_group):
+    """train.save_model: the folder in the store is the model the trial scored (calibration.evaluate gives its
+    metrics again), lm-evaluation-harness loads it, and calibration.rescore reads lm-eval's samples of it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from calibration.agreement import write_task_yamls
+    from calibration.evaluate import main as evaluate
+    from calibration.rescore import rescore
+
+    trial = _trial(tiny_llama_config, data_dir, tmp_path / "results", zero_stage=3, save_model=True)
+    final, _ = _run(trial)
+    saved = tmp_path / "results" / "models" / "unit__t0"
+    assert final["model_path"] == str(saved) and (saved / "model.safetensors").is_file()
+
+    ours = evaluate(["--model", str(saved), "--tasks", "arc_easy", "--limit", "3", "--data-dir", data_dir,
+                     "--no-heldout", "--n-boot", "0", "--out", str(tmp_path / "eval")]).summary["arc_easy"]
+    for metric in ("accuracy", "ece", "nll", "accuracy_norm"):
+        assert ours[metric] == pytest.approx(final[f"arc_easy_{metric}"], abs=1e-6), metric
+
+    tasks = write_task_yamls(tmp_path / "lm_eval_tasks", Path(data_dir))
+    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={saved},dtype=float32",
+               "--tasks", "calsweep_arc_easy", "--include_path", str(tasks), "--limit", "3", "--device", "cpu",
+               "--output_path", str(tmp_path / "lm_eval"), "--log_samples"]
+    alone = {k: v for k, v in os.environ.items()  # not a rank of this test's process group
+             if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=alone)
+    assert done.returncode == 0, done.stderr[-3000:]
+    samples = list((tmp_path / "lm_eval").rglob("samples_calsweep_arc_easy_*.jsonl"))
+    assert len(samples) == 1
+    lines = [json.loads(line) for line in samples[0].read_text().splitlines()]
+    rescored = rescore(samples[0], n_boot=0)["calsweep_arc_easy"]
+    assert rescored["accuracy"] == sum(s["acc"] for s in lines) / 3  # lm-eval's own per-question acc
+    assert rescored["accuracy_norm"] == sum(s["acc_norm"] for s in lines) / 3
+    for metric in ("accuracy", "ece", "nll", "brier"):  # the same questions, scored by both tools
+        assert rescored[metric] == pytest.approx(ours[metric], abs=1e-4), metric

@@ -1,0 +1,32 @@
+"""A trained model as a Hugging Face folder (config, safetensors weights, tokenizer) that any HF tool loads.
+
+The weights are those the engine trained (16-bit under bf16/fp16, float32 under fp32), without the fused loss head:
+the folder holds the model's own architecture, so ``AutoModelForCausalLM.from_pretrained``, lm-evaluation-harness
+(``lm_eval --model hf --model_args pretrained=DIR``) and ``python -m calibration.evaluate --model DIR`` read it.
+Under ZeRO-3 the ranks gather the partitioned weights a block at a time (``deepspeed.zero.GatheredParameters``,
+through ``zero3_scoring.gathered_copy``) into a plain copy in rank 0's host memory; under ZeRO 0-2 every rank holds
+them all and the copy is made the same way, so the GPU never holds a second model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainable.zero3_scoring import gathered_copy
+
+
+def save_hf_model(model: nn.Module, tokenizer: Any, rank: int, directory: str | Path) -> Path | None:
+    """Write ``model`` (partitioned by ZeRO-3 or not) and ``tokenizer`` as a Hugging Face folder at ``directory`` on
+    rank 0 and return it; None on other ranks. Collective: every rank must call it."""
+    copy = gathered_copy(model, torch.device("cpu"), rank)
+    if copy is None:
+        return None
+    directory = Path(directory)
+    copy.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    del copy
+    return directory
