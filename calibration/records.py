@@ -3,6 +3,8 @@
 One row per scored question. ``loglik`` holds the summed log-likelihood of every choice, ``loglik_norm``
 the same divided by the choice's character length (lm-eval's ``acc_norm``), so every metric, binning and
 temperature can be recomputed later without the model. ``confidence``/``correct`` are at temperature 1.
+Questions scored again with an ATS head (``calibration.ats``) are rows of their own whose split is the scored
+split plus ``ATS_SUFFIX`` (``test+ats``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from calibration.prompts import Prompt
 from calibration.tasks import Question
 
 SCHEMA_VERSION = 1
+ATS_SUFFIX = "+ats"  # split of a question's row scored with ATS: ats_split("test") == "test+ats"
 SCHEMA = pa.schema([
     ("task", pa.string()),
     ("split", pa.string()),
@@ -32,6 +35,11 @@ SCHEMA = pa.schema([
     ("confidence", pa.float64()),
     ("correct", pa.bool_()),
 ])
+
+
+def ats_split(split: str) -> str:
+    """The split name of ATS-scored rows of ``split``."""
+    return split + ATS_SUFFIX
 
 
 def build_records(task: str, split: str, questions: Sequence[Question], prompts: Sequence[Prompt],

@@ -15,6 +15,10 @@ through ``kernels.linear_cross_entropy(h, W, target, reduction="none", softcap=s
 That rests on logits = softcap(hidden @ W^T) with W the output embedding; it is checked once per call against
 the model's own logits, and a model for which it does not hold (extra logit scaling) is scored through its own
 forward with ``logits_to_keep`` instead. Values stay on the device until the end: one host sync per call.
+
+With an ATS head (``score_prompts_with_ats``, ``calibration.ats``) the same pass also reads every log-likelihood
+with token i's logits divided by its temperature tau_i (its hidden row scaled by 1 / tau_i): the head runs on the
+prefix's last hidden states once per chunk (its keys and values, like the model's cache) and on each batch's rows.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import copy
 import inspect
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -34,6 +38,9 @@ import kernels
 from calibration.prompts import Prompt
 from calibration.plan_cache import cached_plan
 from calibration.requests import Group, Read, Row
+
+if TYPE_CHECKING:  # calibration.ats imports this module
+    from calibration.ats.head import HeadContext, TemperatureHead
 
 T = TypeVar("T")
 
@@ -64,11 +71,31 @@ def score_prompts(model: Any, tokenizer: Any, prompts: Sequence[Prompt], *, batc
                       batch_tokens=batch_tokens, progress=progress, desc=desc, attention=attention)
 
 
+def score_prompts_with_ats(model: Any, tokenizer: Any, prompts: Sequence[Prompt], head: "TemperatureHead", *,
+                           batch_size: int = 8, batch_tokens: int | None = None, share_prefix: bool = True,
+                           progress: bool = False, desc: str = "scoring",
+                           attention: Sequence[SDPBackend] | None = None, plan_cache: str | Path | None = None
+                           ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``(score_prompts(...), the same with ATS)`` from one pass: each log-likelihood term also read with its
+    token's logits divided by ``head``'s temperature."""
+    groups = cached_plan(tokenizer, prompts, share_prefix=share_prefix, directory=plan_cache)
+    plain, scaled = _score(model, groups, [len(p.continuations) for p in prompts], batch_size, batch_tokens,
+                           progress, desc, attention, head)
+    return plain, scaled
+
+
 def score_plan(model: Any, groups: Sequence[Group], n_choices: Sequence[int], *, batch_size: int = 8,
                batch_tokens: int | None = None, progress: bool = False, desc: str = "scoring",
                attention: Sequence[SDPBackend] | None = None) -> list[np.ndarray]:
     """``score_prompts`` of an already tokenised plan (``calibration.requests.plan``). Attention runs on the
     kernels of SCORING_ATTENTION that are also in ``attention`` (None: all of them)."""
+    return _score(model, groups, n_choices, batch_size, batch_tokens, progress, desc, attention, None)[0]
+
+
+def _score(model: Any, groups: Sequence[Group], n_choices: Sequence[int], batch_size: int, batch_tokens: int | None,
+           progress: bool, desc: str, attention: Sequence[SDPBackend] | None,
+           ats: "TemperatureHead | None") -> list[list[np.ndarray]]:
+    """The log-likelihoods of the plan, and with ``ats`` those with ATS too (one list per reading)."""
     if batch_size < 1:
         raise ValueError(f"expected batch_size >= 1, got {batch_size}")
     if batch_tokens is not None and batch_tokens < 1:
@@ -76,6 +103,8 @@ def score_plan(model: Any, groups: Sequence[Group], n_choices: Sequence[int], *,
     kernels_kept = [k for k in SCORING_ATTENTION if attention is None or k in attention]
     if not kernels_kept:
         raise ValueError(f"expected attention kernels among {SCORING_ATTENTION}, got {list(attention or [])}")
+    if ats is not None and not hasattr(model, "get_decoder"):
+        raise ValueError(f"expected a model with get_decoder() for ATS scoring, got {type(model).__name__}")
     sink = _Sink(n_choices)
     was_training = model.training
     model.eval()
@@ -86,7 +115,7 @@ def score_plan(model: Any, groups: Sequence[Group], n_choices: Sequence[int], *,
             head = checked_output_layer(model, groups)
             # prefixes batch like rows: <= batch_size per forward, <= batch_tokens left-padded prefix tokens
             for chunk in batches(groups, batch_size, batch_tokens, length=lambda group: len(group.prefix)):
-                _score_chunk(model, head, chunk, sink, batch_size, batch_tokens, bar)
+                _score_chunk(model, head, chunk, sink, batch_size, batch_tokens, bar, ats)
             return sink.result()
     finally:
         model.train(was_training)
@@ -141,32 +170,38 @@ class PrefixCache(NamedTuple):
     cache: Any
     mask: torch.Tensor  # (groups, width), 0 over the left padding
     lengths: torch.Tensor  # (groups,) real prefix tokens
+    ats: "HeadContext | None" = None  # the ATS head's keys and values over the prefix's last hidden states
 
 
 def _score_chunk(model: Any, head: OutputLayer | None, groups: Sequence[Group], sink: "_Sink", batch_size: int,
-                 batch_tokens: int | None, bar: tqdm) -> None:
+                 batch_tokens: int | None, bar: tqdm, ats: "TemperatureHead | None" = None) -> None:
     """Run the chunk's prefixes in one forward, then its rows, batched across groups, off that cache."""
     device = next(model.parameters()).device
-    prefix = _prefix_cache(model, groups, device) if any(g.prefix for g in groups) else None
+    prefix = _prefix_cache(model, groups, device, ats) if any(g.prefix for g in groups) else None
     items = [(g, row) for g, group in enumerate(groups) for row in group.rows]
     for batch in batches(items, batch_size, batch_tokens, length=lambda item: len(item[1].tokens)):
         ids, row_mask = _padded([row.tokens for _, row in batch])
         ids, row_mask = ids.to(device), row_mask.to(device)
         inputs: dict[str, Any] = {"input_ids": ids}
+        positions = torch.arange(ids.shape[1], device=device).expand_as(ids)
+        context = None
         if prefix is not None:
             owner = torch.tensor([g for g, _ in batch], device=device)
             past = _select_rows(prefix.cache, owner)
+            positions = prefix.lengths[owner, None] + positions
             inputs.update(past_key_values=past, use_cache=True,
-                          attention_mask=torch.cat([prefix.mask[owner], row_mask], dim=1),
-                          position_ids=prefix.lengths[owner, None] + torch.arange(ids.shape[1], device=device))
+                          attention_mask=torch.cat([prefix.mask[owner], row_mask], dim=1), position_ids=positions)
+            context = prefix.ats.select(owner) if prefix.ats is not None else None
+        temperature = None if ats is None else _RowTemperature(ats, row_mask, positions, context)
         reads = [(i, read) for i, (_, row) in enumerate(batch) for read in row.reads]
-        values = _read_from_logits(model, inputs, reads) if head is None else _read_from_hidden(model, head, inputs,
-                                                                                                reads)
+        values = _read_from_logits(model, inputs, reads, temperature) if head is None else \
+            _read_from_hidden(model, head, inputs, reads, temperature)
         sink.add(values, reads)
         bar.update(len(batch))
 
 
-def _prefix_cache(model: Any, groups: Sequence[Group], device: torch.device) -> PrefixCache:
+def _prefix_cache(model: Any, groups: Sequence[Group], device: torch.device,
+                  ats: "TemperatureHead | None" = None) -> PrefixCache:
     ids, mask = _padded([g.prefix for g in groups], left=True)
     width = ids.shape[1]
     lengths = mask.sum(1)
@@ -175,7 +210,8 @@ def _prefix_cache(model: Any, groups: Sequence[Group], device: torch.device) -> 
     body = model.get_decoder() if hasattr(model, "get_decoder") else model
     keep = {} if body is not model else _keep(model, 1)
     out = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **keep)
-    return PrefixCache(out.past_key_values, mask, lengths)
+    context = None if ats is None else ats.context(out.last_hidden_state, mask, positions)
+    return PrefixCache(out.past_key_values, mask, lengths, context)
 
 
 def _select_rows(cache: Any, owner: torch.Tensor) -> Any:
@@ -198,14 +234,17 @@ class _Sink:
         self.slots: list[np.ndarray] = []
 
     def add(self, values: torch.Tensor, reads: list[tuple[int, Read]]) -> None:
+        """values: (reads, columns), one column per reading (plain, ATS)."""
         self.values.append(values)
         self.slots.append(np.array([self.offsets[r.question] + r.choice for _, r in reads], dtype=np.int64))
 
-    def result(self) -> list[np.ndarray]:
-        flat = np.zeros(int(self.offsets[-1]))
+    def result(self) -> list[list[np.ndarray]]:
+        """One list of per-question arrays per column of the added values."""
+        columns = self.values[0].shape[1] if self.values else 1
+        flat = np.zeros((int(self.offsets[-1]), columns))
         if self.values:
             np.add.at(flat, np.concatenate(self.slots), torch.cat(self.values).double().cpu().numpy())
-        return [flat[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:])]
+        return [[flat[a:b, c] for a, b in zip(self.offsets[:-1], self.offsets[1:])] for c in range(columns)]
 
 
 def _padded(sequences: list[list[int]], left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,34 +260,56 @@ def _padded(sequences: list[list[int]], left: bool = False) -> tuple[torch.Tenso
     return ids, mask
 
 
-def _read_from_hidden(model: Any, head: OutputLayer, inputs: dict[str, Any],
-                      reads: list[tuple[int, Read]]) -> torch.Tensor:
-    """log p(read.target) for every read (float32, on the device), from the decoder's hidden states through the
-    fused kernel."""
+class _RowTemperature(NamedTuple):
+    """What the ATS head needs besides a batch's last hidden states: the rows' mask and rotary positions, and the
+    prefix's keys and values gathered for the rows."""
+
+    head: "TemperatureHead"
+    mask: torch.Tensor
+    positions: torch.Tensor
+    context: "HeadContext | None"
+
+    def at(self, hidden: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tau (float32) at the read (row, position) pairs."""
+        return torch.exp(self.head(hidden, self.mask, self.positions, self.context)[rows, positions])
+
+
+def _read_from_hidden(model: Any, head: OutputLayer, inputs: dict[str, Any], reads: list[tuple[int, Read]],
+                      temperature: _RowTemperature | None = None) -> torch.Tensor:
+    """log p(read.target) for every read, (reads, 1) float32 on the device, from the decoder's hidden states through
+    the fused kernel; with ``temperature`` a second column with the hidden row divided by its tau."""
     hidden = model.get_decoder()(**inputs).last_hidden_state
     device = hidden.device
     rows = torch.tensor([i for i, _ in reads], device=device)
     positions = torch.tensor([read.position for _, read in reads], device=device)
     targets = torch.tensor([read.target for _, read in reads], device=device)
-    return -kernels.linear_cross_entropy(hidden[rows, positions], head.weight, targets, reduction="none",
-                                         softcap=head.softcap)
+    read = hidden[rows, positions]
+    readings = [read] if temperature is None else \
+        [read, (read.float() / temperature.at(hidden, rows, positions)[:, None]).to(read.dtype)]
+    return torch.stack([-kernels.linear_cross_entropy(h, head.weight, targets, reduction="none",
+                                                      softcap=head.softcap) for h in readings], dim=1)
 
 
-def _read_from_logits(model: Any, inputs: dict[str, Any], reads: list[tuple[int, Read]]) -> torch.Tensor:
-    """log p(read.target) for every read (float32, on the device), from the model's logits at the positions the
-    batch reads."""
+def _read_from_logits(model: Any, inputs: dict[str, Any], reads: list[tuple[int, Read]],
+                      temperature: _RowTemperature | None = None) -> torch.Tensor:
+    """log p(read.target) for every read, (reads, 1) float32 on the device, from the model's logits at the positions
+    the batch reads; with ``temperature`` a second column with those logits divided by tau."""
     device = inputs["input_ids"].device
     columns = sorted({read.position for _, read in reads})
     column_of = {position: k for k, position in enumerate(columns)}
     kwargs = _keep(model, torch.tensor(columns, device=device))
-    logits = model(**inputs, **kwargs).logits
+    out = model(**inputs, **kwargs, **({} if temperature is None else {"output_hidden_states": True}))
+    logits = out.logits
     if "logits_to_keep" not in kwargs:  # the model computed every position: select the read ones here
         logits = logits[:, columns]
     rows = torch.tensor([i for i, _ in reads], device=device)
     cols = torch.tensor([column_of[read.position] for _, read in reads], device=device)
     targets = torch.tensor([read.target for _, read in reads], device=device)
-    logprobs = logits[rows, cols].float().log_softmax(-1)
-    return logprobs.gather(1, targets[:, None]).squeeze(1)
+    read = logits[rows, cols].float()
+    scaled = [read] if temperature is None else \
+        [read, read / temperature.at(out.hidden_states[-1], rows, torch.tensor([r.position for _, r in reads],
+                                                                              device=device))[:, None]]
+    return torch.stack([z.log_softmax(-1).gather(1, targets[:, None]).squeeze(1) for z in scaled], dim=1)
 
 
 def _keep(model: Any, keep: int | torch.Tensor) -> dict[str, Any]:

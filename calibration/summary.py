@@ -14,7 +14,7 @@ import pyarrow as pa
 from calibration import metrics
 from calibration.bootstrap import Interval, bootstrap_many
 from calibration.probabilities import choice_probs, top_label
-from calibration.records import task_arrays
+from calibration.records import ats_split, task_arrays
 from calibration.temperature import fit_temperature
 
 SCORES = ("loglik", "loglik_norm")
@@ -79,6 +79,20 @@ def summarize(records: pa.Table, *, split_of: dict[str, str], n_bins: int = 15, 
             intervals[task] = bootstrap_many(statistics, scored, arrays["loglik_norm"], arrays["gold"],
                                              n_boot=n_boot, seed=seed)
     return summary, intervals
+
+
+def ats_metrics(records: pa.Table, *, split_of: dict[str, str], n_bins: int = 15,
+                score: str = "loglik") -> dict[str, dict[str, float]]:
+    """``{task: {metric_ats: value}}`` of each task's ATS-scored rows (split ``ats_split(split)``), for the metrics
+    temperature scaling also reports (``NOT_SCALED`` left out); tasks without such rows are absent."""
+    out = {}
+    present = set(zip(records["task"].to_pylist(), records["split"].to_pylist()))
+    for task, split in split_of.items():
+        if (task, ats_split(split)) in present:
+            arrays = task_arrays(records, task, ats_split(split))
+            scaled = task_metrics(arrays[score], arrays["loglik_norm"], arrays["gold"], n_bins=n_bins)
+            out[task] = {f"{name}_ats": value for name, value in scaled.items() if name not in NOT_SCALED}
+    return out
 
 
 def fit_temperatures(records: pa.Table, *, fit_split_of: dict[str, str], score: str = "loglik") -> dict[str, float]:

@@ -9,11 +9,11 @@ writes into DIR (default RESULTS/analysis):
                                    ECE intervals over seeds and questions and the number of seeds (.tex: LaTeX)
     paired_ece.csv, paired_ece.md  ECE(beta) - ECE(0) over the same questions, paired bootstrap interval
     ece_intervals.csv              question-level ECE of every Table 1 cell with its bootstrap interval
-    ls_ts.csv, ls_ts.md            label smoothing, temperature scaling and both, side by side per family and task
+    ls_ts.csv, ls_ts.md            label smoothing, temperature scaling, both, ATS and LS + ATS side by side (LS/TS/ATS)
     delta_ece.csv                  change in ECE from beta = 0 to the best beta, per model and task
     entropy_gap.csv                each trial's eq. 14 floor and measured entropy (older stores: our rank bound)
     ece_vs_beta_<data>.png         ECE against beta per family and task (paired_ece_<data>.png: the differences)
-    ls_ts_<data>.png               ECE against beta as trained and after temperature scaling
+    ls_ts_<data>.png               ECE against beta as trained, after temperature scaling and after ATS
     delta_ece_vs_vocab_<data>.png, delta_ece_vs_hidden_<data>.png    the paper's Figures 3 and 5
     entropy_gap.png                the paper's Figure 4, each trial's measured entropy beside its floor
     reliability/<data>/<family>__<task>.png    reliability diagrams, beta = 0 (left) and the best beta (right)
@@ -42,6 +42,7 @@ from calibration.summary import SCORES  # noqa: E402
 from trainable.config import suggest  # noqa: E402
 from sweeps.analysis import figures  # noqa: E402
 from sweeps.analysis.figures import FORMATS  # noqa: E402
+from sweeps.analysis.ats import ats_trials, describe_ats, with_ats  # noqa: E402
 from sweeps.analysis.entropy import entropy_outputs  # noqa: E402
 from sweeps.analysis.load import SCORE_NAMES, Results, load_results, parse_filter  # noqa: E402
 from sweeps.analysis.questions import (CellKey, CellQuestions, cell_questions, ece_intervals,  # noqa: E402
@@ -79,11 +80,14 @@ def analyze(root: str, filters: dict[str, set[str]], out: Path, *, n_boot: int =
     temperatures, scaled = scaled_questions(results)
     ts_intervals = ece_intervals(cell_questions(table, scaled, tasks), n_bins, n_boot, seed)
     ls_ts = ls_ts_table(table, temperatures, intervals, ts_intervals, tasks, notes)
+    by_trial = ats_trials(results)
+    ats_intervals = ece_intervals(cell_questions(table, results.ats, tasks), n_bins, n_boot, seed)
+    ls_ts = with_ats(ls_ts, table, by_trial, ats_intervals, tasks, notes)
     written += write_ls_ts(ls_ts, n_boot, out)
     for dataset in sorted(table["sft_dataset"].unique()):
         written += _dataset_figures(dataset, tasks, intervals, paired, deltas, ls_ts, out, formats)
     written += _reliability_pairs(deltas, cells, n_bins, out, notes, formats)
-    applied = [entropy_note, describe_sources(temperatures, score)]
+    applied = [entropy_note, describe_sources(temperatures, score), describe_ats(by_trial)]
     written.append(_write_notes(root, filters, results, n_boot, seed, applied, out))
     return written
 
@@ -95,13 +99,13 @@ def _csv(frame: pd.DataFrame, path: Path) -> Path:
 
 def _dataset_figures(dataset: str, tasks: tuple[str, ...], intervals: pd.DataFrame, paired: pd.DataFrame,
                      deltas: pd.DataFrame, ls_ts: pd.DataFrame, out: Path, formats: Sequence[str]) -> list[Path]:
-    """The figures of one SFT dataset for which it has points (ls_ts: where some trial has a temperature)."""
+    """The figures of one SFT dataset for which it has points (ls_ts: where some trial has a temperature or ATS)."""
     intervals, paired, deltas, ls_ts = (frame[frame["sft_dataset"] == dataset]
                                         for frame in (intervals, paired, deltas, ls_ts))
     name, written = slug(dataset), []
     if len(intervals):
         written += figures.ece_against_beta(intervals, dataset, tasks, out / f"ece_vs_beta_{name}.png", formats)
-    if ls_ts["ece_ts"].notna().any():
+    if ls_ts["ece_ts"].notna().any() or ls_ts["ece_ats"].notna().any():
         written += figures.ls_ts_against_beta(ls_ts, dataset, tasks, out / f"ls_ts_{name}.png", formats)
     if len(paired):
         written += figures.paired_against_beta(paired, dataset, tasks, out / f"paired_ece_{name}.png", formats)

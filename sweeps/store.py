@@ -32,9 +32,10 @@ TASKS = ("mmlu", "arc_easy", "hellaswag")
 _SCALED = ("accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "mean_confidence")
 # calibration.summary.task_metrics names; *_ts: after temperature scaling fitted on the held-out split
 # *_norm: of the length-normalised choice distribution (lm-eval's acc_norm); columns added after schema version 1
-# was first written, so older files read them as null
+# was first written, so older files read them as null; *_ats: scored again with an ATS head (eval.ats), added
+# later too (null in older files and in trials without ATS)
 TASK_METRICS = _SCALED + ("accuracy_norm", "ece_norm", "rms_ce_norm", "mean_confidence_norm", "n_questions",
-                          "temperature") + tuple(f"{m}_ts" for m in _SCALED)
+                          "temperature") + tuple(f"{m}_ts" for m in _SCALED) + tuple(f"{m}_ats" for m in _SCALED)
 
 METRIC_COLUMNS = tuple(f"{task}_{metric}" for task in TASKS for metric in TASK_METRICS)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernels.api import FILTERS
+from calibration.ats.config import ATSConfig
 
 
 class ConfigError(ValueError):
@@ -109,6 +110,7 @@ class EvalConfig:
     batch_tokens: int | None = None  # padded row tokens (rows x width) per forward, at most; None: no cap
     n_bins: int = 15
     temperature_scaling: bool = False  # also score each task's held-out split, fit T there, report *_ts metrics
+    ats: ATSConfig = field(default_factory=ATSConfig)  # enabled: train an ATS head after SFT, report *_ats metrics
 
 
 KNOWN_TASKS = ("mmlu", "arc_easy", "hellaswag")
@@ -284,7 +286,7 @@ def _check_eval(c: EvalConfig) -> list[str]:
     return problems
 
 
-_CHECKS = {TrainConfig: _check_train, SFTConfig: _check_sft, EvalConfig: _check_eval}
+_CHECKS = {TrainConfig: _check_train, SFTConfig: _check_sft, EvalConfig: _check_eval, ATSConfig: ATSConfig.problems}
 
 
 def check_label_smoothing(value: Any) -> list[str]:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from trainable import checkpointing
+from trainable.ats import trial_ats_head
 from trainable.attention_check import AttentionChoice, choose_attention
 from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.export import save_hf_model
@@ -224,11 +225,13 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         engine.eval()
         scorer = scoring_model(model, trial.train.zero_stage, device, rank, world_size)
         if scorer is not None:
+            ats_head = trial_ats_head(scorer, tokenizer, trial, progress=rank == 0) if trial.eval.ats.enabled else None
             result = evaluate_model(scorer, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
                                     limit=trial.eval.limit, batch_size=trial.eval.batch_size,
                                     batch_tokens=trial.eval.batch_tokens, n_bins=trial.eval.n_bins,
                                     heldout=trial.eval.temperature_scaling, progress=rank == 0,
-                                    attention=attention.backends, plan_cache=cache_dir() / "plans")
+                                    attention=attention.backends, plan_cache=cache_dir() / "plans",
+                                    ats_head=ats_head)
             summary, records = result.summary, result.records
             if rank == 0:
                 write_questions(trial.results_dir, trial.run_name, trial.trial_id, records)

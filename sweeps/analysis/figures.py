@@ -116,10 +116,12 @@ def delta_against_size(deltas: pd.DataFrame, dataset: str, tasks: tuple[str, ...
 
 def ls_ts_against_beta(frame: pd.DataFrame, dataset: str, tasks: tuple[str, ...], path: Path,
                        formats: Sequence[str] = ("png",)) -> list[Path]:
-    """ECE (%) against beta per family and task, as trained (solid: beta = 0 is neither, beta > 0 is LS) and after
-    temperature scaling (dashed: TS at beta = 0, LS + TS above), with their seed-and-question intervals."""
-    fig, axes = _per_task(tasks, f"SFT on {dataset}: ECE as trained (solid) and after temperature scaling "
-                                 f"(dashed), 95% over seeds, then questions")
+    """ECE (%) against beta per family and task, as trained (solid: beta = 0 is neither, beta > 0 is LS), after
+    temperature scaling (dashed: TS at beta = 0, LS + TS above) and, where ``frame`` has it, after ATS (dotted: ATS,
+    LS + ATS), with their seed-and-question intervals."""
+    ats = frame[frame["ece_ats"].notna()] if "ece_ats" in frame else frame.iloc[:0]
+    fig, axes = _per_task(tasks, f"SFT on {dataset}: ECE as trained (solid), after temperature scaling (dashed)"
+                                 + (" and after ATS (dotted)" if len(ats) else "") + ", 95% over seeds, then questions")
     colours = _colours(frame)
     for ax, task in zip(axes, tasks):
         rows = frame[frame["task"] == task]
@@ -129,6 +131,9 @@ def ls_ts_against_beta(frame: pd.DataFrame, dataset: str, tasks: tuple[str, ...]
             ax.text(0.5, 0.9, "TS n/a (no held-out split)", transform=ax.transAxes, ha="center", fontsize="small")
         else:
             _interval_lines(ax, scaled, "ece_ts", colours, "ece_ts_low", "ece_ts_high", "--", " + TS")
+        if len(ats[ats["task"] == task]):
+            _interval_lines(ax, ats[ats["task"] == task], "ece_ats", colours, "ece_ats_low", "ece_ats_high", ":",
+                            " + ATS")
         ax.set(xlabel="label smoothing beta", ylabel="ECE (%)")
         ax.legend(fontsize="x-small")
     return _save(fig, path, formats)

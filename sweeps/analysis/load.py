@@ -1,5 +1,6 @@
-"""Read the results store into pandas: the ok trials that pass ``--filter``, their reported-split questions and
-(where temperature scaling scored one) their held-out-split questions.
+"""Read the results store into pandas: the ok trials that pass ``--filter``, their reported-split questions,
+(where temperature scaling scored one) their held-out-split questions and (where ATS scored them,
+``eval.ats``) their reported-split questions with ATS (split ``<split>+ats``; none in older stores).
 
 A trial is the pair (run_name, trial_id), written ``run/trial`` in the ``trial`` column of both frames.
 Failed and early-stopped trials are left out and counted in the notes, so a store of an interrupted sweep
@@ -25,6 +26,7 @@ import pandas as pd
 from calibration.entropy_floor import STATS as ENTROPY_STATS
 from calibration.metrics import expected_calibration_error, rms_calibration_error
 from calibration.probabilities import choice_probs, pad, top_label
+from calibration.records import ats_split
 from calibration.summary import SCORES
 from calibration.task_config import TASKS as TASK_CONFIGS
 from sweeps import store
@@ -47,6 +49,7 @@ class Results:
     n_bins: int  # the sweep's eval.n_bins, for ECE recomputed from questions
     notes: list[str] = field(default_factory=list)  # what was left out and why
     score: str = "loglik"  # the choice distribution of every metric (SCORES)
+    ats: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=QUESTION_COLUMNS))  # reported split, ATS
 
 
 def parse_filter(text: str | None) -> dict[str, set[str]]:
@@ -100,11 +103,11 @@ def load_results(root: str, filters: dict[str, set[str]] | None = None, score: s
                   and trials[f"{t}_accuracy"].notna().any())
     if not tasks:
         raise ValueError(f"expected scored tasks among {list(PAPER_TASKS)}, got none in the selected trials")
-    questions, heldout = _questions(root, trials, tasks, notes, score)
+    questions, heldout, ats = _questions(root, trials, tasks, notes, score)
     n_bins = _n_bins(trials)
     if score == "loglik_norm":
         trials = _length_normalised(trials, questions, tasks, n_bins, notes)
-    return Results(trials, questions, heldout, tasks, n_bins, notes, score)
+    return Results(trials, questions, heldout, tasks, n_bins, notes, score, ats)
 
 
 def _length_normalised(trials: pd.DataFrame, questions: pd.DataFrame, tasks: tuple[str, ...], n_bins: int,
@@ -138,9 +141,9 @@ def _length_normalised(trials: pd.DataFrame, questions: pd.DataFrame, tasks: tup
 
 
 def _questions(root: str, trials: pd.DataFrame, tasks: tuple[str, ...], notes: list[str],
-               score: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """QUESTION_COLUMNS of the trials' reported and held-out splits; confidence and correct recomputed under
-    ``score``."""
+               score: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """QUESTION_COLUMNS of the trials' reported and held-out splits and of the reported split with ATS;
+    confidence and correct recomputed under ``score``."""
     columns = ["run_name", "trial_id", "task", "split", "question_id", "gold", score, "confidence", "correct"]
     questions = store.read_questions(root).select(columns).to_pandas().rename(columns={score: "scores"})
     if score != "loglik" and len(questions):
@@ -155,7 +158,7 @@ def _questions(root: str, trials: pd.DataFrame, tasks: tuple[str, ...], notes: l
         notes.append(f"no stored questions for {len(missing)} trial(s), left out of the question-level figures "
                      f"and intervals: {', '.join(missing)}")
     return tuple(questions[questions["split"] == split][QUESTION_COLUMNS].reset_index(drop=True)
-                 for split in (reported, fitting))
+                 for split in (reported, fitting, reported.map(ats_split, na_action="ignore")))
 
 
 def _n_bins(trials: pd.DataFrame) -> int:

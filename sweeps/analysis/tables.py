@@ -109,10 +109,11 @@ def write_paired(paired: pd.DataFrame, n_boot: int, out: Path) -> list[Path]:
 
 
 def write_ls_ts(frame: pd.DataFrame, n_boot: int, out: Path) -> list[Path]:
-    """ls_ts.csv (temperature.LS_TS_COLUMNS) and ls_ts.md: per family, task and beta > 0, ECE with neither, LS, TS
-    and LS + TS side by side."""
+    """ls_ts.csv (temperature.LS_TS_COLUMNS, and ats.ADDED_COLUMNS when ``frame`` has them) and ls_ts.md: per family,
+    task and beta > 0, ECE with neither, LS, TS, LS + TS, and with them ATS and LS + ATS, side by side."""
     csv = out / "ls_ts.csv"
     frame.to_csv(csv, index=False)
+    ats = "ece_ats" in frame
     rows = []
     for (dataset, family, task), group in frame.groupby(["sft_dataset", "family", "task"], sort=True):
         by_beta = group.set_index("label_smoothing")
@@ -122,15 +123,21 @@ def write_ls_ts(frame: pd.DataFrame, n_boot: int, out: Path) -> list[Path]:
         for beta, row in by_beta[by_beta.index > 0].iterrows():
             rows.append([dataset, family, TASK_NAMES[task], f"{beta:g}", _shown(base, "ece"), _shown(row, "ece"),
                          _shown(base, "ece_ts"), _shown(row, "ece_ts"),
+                         *([_shown(base, "ece_ats"), _shown(row, "ece_ats")] if ats else []),
                          " / ".join("n/a" if pd.isna(t) else f"{t:.3g}"
                                     for t in (base["temperature"], row["temperature"])),
                          f"{row['n_seeds']} / {base['n_seeds']}"])
     shown = pd.DataFrame(rows, columns=["SFT data", "family", "task", "beta", "neither (beta = 0)", "LS (beta)",
-                                        "TS (beta = 0)", "LS + TS (beta)", "T (0 / beta)", "seeds (beta / 0)"])
+                                        "TS (beta = 0)", "LS + TS (beta)",
+                                        *(["ATS (beta = 0)", "LS + ATS (beta)"] if ats else []), "T (0 / beta)",
+                                        "seeds (beta / 0)"])
     caption = (f"**Label smoothing and temperature scaling.** ECE (%) at each Table 1 lr: as trained at beta = 0 "
                f"(neither) and at beta (LS), and after a temperature T fitted on the task's held-out split (TS, "
                f"LS + TS); means over the cell's trials; in brackets {INTERVALS.format(n_boot=n_boot)}, T held "
-               f"fixed. n/a: no held-out split was scored (HellaSwag has none). TS leaves accuracy unchanged.")
+               f"fixed. n/a: no held-out split was scored (HellaSwag has none). TS leaves accuracy unchanged."
+               + (" ATS: each trial's adaptive temperature scaling head (eval.ats, trained on Alpaca-GPT4 after SFT), "
+                  "intervals where its questions are stored; n/a: trials run without eval.ats. ATS keeps each "
+                  "token's ranking, so the accuracy of one-token choices (MMLU letters)." if ats else ""))
     md = out / "ls_ts.md"
     md.write_text(caption + "\n\n" + markdown(shown))
     return [csv, md]

@@ -121,6 +121,9 @@ def test_rescore_reads_a_sweep_stores_question_file_and_writes_beside_the_store(
     (["--model", "smollm2-135m", "--tasks", "mmlu", "--set", "mmlu.shots=2"], "TASK.FIELD=VALUE"),
     (["--model", "no-such-model", "--tasks", "mmlu"], "unknown model family 'no-such-model'"),
     (["--model", "smollm2-135m", "--limit", "0"], "--limit: expected an integer >= 1"),
+    (["--model", "smollm2-135m", "--ats", "--ats-set", "alpah=0.2"], "--ats-set.alpah: unknown key (did you mean "),
+    (["--model", "smollm2-135m", "--ats", "--ats-set", "alpha"], "--ats-set: expected KEY=VALUE, got 'alpha'"),
+    (["--model", "smollm2-135m", "--ats-head", "nothing.safetensors"], "--ats-head: expected a file written by"),
 ])
 def test_evaluate_cli_bad_inputs_are_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -156,3 +159,22 @@ def test_rescore_cli_bad_temperature_is_a_one_line_error(model_dir, mini_data, t
         with pytest.raises(SystemExit):
             rescore_main(argv)
         assert message in capsys.readouterr().err
+
+
+def test_cli_trains_an_ats_head_saves_it_and_scores_with_a_saved_one(model_dir, mini_data, shared_data, tmp_path):
+    """--ats on a model without SFT: a head trained on Alpaca-GPT4 (here 2 steps), saved, *_ats metrics and
+    'test+ats' records; --ats-head scores with the saved head and gives the same numbers."""
+    common = ["--model", str(model_dir), "--tasks", "mmlu", "--limit", "3", "--data-dir", str(mini_data),
+              "--n-boot", "0", "--no-heldout"]
+    settings = [f"local_file={shared_data / 'alpaca' / 'alpaca_gpt4_en_demo_llamafactory.json'}", "max_steps=2",
+                "max_examples=8", "max_seq_len=64", "batch_size=4", "learning_rate=0.01", "balanced=false"]
+    trained = main(common + ["--out", str(tmp_path / "a"), "--ats"] + [x for s in settings for x in ("--ats-set", s)])
+    head = tmp_path / "a" / "ats_head.safetensors"
+    assert head.is_file() and trained.config["ats"]
+    records, _ = read_records(tmp_path / "a" / "records.parquet")
+    assert sorted(set(records["split"].to_pylist())) == ["test", "test+ats"]
+    mmlu = trained.summary["mmlu"]
+    assert mmlu["ece_ats"] != mmlu["ece"] and mmlu["accuracy_ats"] == mmlu["accuracy"]
+    loaded = main(common + ["--out", str(tmp_path / "b"), "--ats-head", str(head)])
+    for name in ("ece_ats", "nll_ats", "mean_confidence_ats"):
+        assert loaded.summary["mmlu"][name] == pytest.approx(mmlu[name], abs=1e-9)

@@ -534,3 +534,44 @@ def test_entropy_columns_written_to_the_store_reach_the_figure(synthetic_store, 
     analyze(str(root), parse_filter("family=small,task=mmlu"), out, n_boot=5)
     gap = pd.read_csv(out / "entropy_gap.csv")
     assert list(gap["trial"]) == [trial] and gap.loc[0, "entropy_floor"] == stats["entropy_floor"]
+
+
+def test_ats_columns_come_from_ats_questions_else_the_trial_column_and_old_stores_read_n_a(synthetic_store, analysed,
+                                                                                           tmp_path):
+    """alpaca/small trials get ATS question rows (split '<split>+ats') for MMLU and ARC-Easy, scored at T = 3, and
+    a stored hellaswag_ece_ats without questions; the rest of the store (and the old store) has no ATS."""
+    root = tmp_path / "results"
+    shutil.copytree(synthetic_store, root, ignore=shutil.ignore_patterns("analysis"))
+    expected = {}
+    for trial, row in _stored_trials(root).query("sft_dataset == 'alpaca' and family == 'small' and status == 'ok'"
+                                                 ).iterrows():
+        questions = _question_file(root, trial)
+        ats = questions[questions["split"].isin(["test"]) & questions["task"].isin(["mmlu", "arc_easy"])].copy()
+        ats["split"] = "test+ats"
+        ats["loglik"] = [list(np.asarray(ll) / 3.0) for ll in ats["loglik"]]
+        ats["confidence"] = [choice_probs(np.asarray(ll)[None])[0].max() for ll in ats["loglik"]]
+        expected[trial] = {task: _ece_after(questions, task, 3.0) for task in ("mmlu", "arc_easy")}
+        table = pa.Table.from_pandas(pd.concat([questions, ats], ignore_index=True), preserve_index=False)
+        store.write_questions(str(root), *trial.split("/"), table.drop(["schema_version", "run_name", "trial_id"]))
+        store.write_trial(str(root), {k: v for k, v in row.to_dict().items() if k in store.TRIAL_SCHEMA.names
+                                      and not pd.isna(v)} | {"hellaswag_ece_ats": 0.123, "mmlu_ece_ats": 0.9})
+    out = tmp_path / "out"
+    written = analyze(str(root), parse_filter("dataset=alpaca,family=small"), out, n_boot=20)
+    assert out / "ls_ts_alpaca.png" in written
+    ls_ts = pd.read_csv(out / "ls_ts.csv").set_index(["task", "label_smoothing"])
+    table = pd.read_csv(out / "table1.csv").set_index("label_smoothing")
+    for beta in table.index:
+        trial = table.at[beta, "trials"]
+        for task in ("mmlu", "arc_easy"):  # the questions win over the stored column
+            assert ls_ts.at[(task, beta), "ece_ats"] == pytest.approx(expected[trial][task], rel=1e-9)
+            assert ls_ts.at[(task, beta), "ece_ats_low"] <= ls_ts.at[(task, beta), "ece_ats_high"]
+        assert ls_ts.at[("hellaswag", beta), "ece_ats"] == 0.123 and pd.isna(ls_ts.at[("hellaswag", beta),
+                                                                                       "ece_ats_low"])
+        assert ls_ts.at[("mmlu", beta), "ats_trials"] == 1
+    markdown = (out / "ls_ts.md").read_text()
+    assert "| ATS (beta = 0) | LS + ATS (beta) |" in markdown and "12.30" in markdown
+    assert "adaptive temperature scaling: ECE after ATS" in (out / "notes.md").read_text()
+    old, _ = analysed  # a store without ATS reads as before, its ATS columns empty
+    old_ls_ts = pd.read_csv(old / "ls_ts.csv")
+    assert old_ls_ts["ece_ats"].isna().all() and (old_ls_ts["ats_trials"] == 0).all()
+    assert "n/a | n/a | n/a | n/a" in (old / "ls_ts.md").read_text()
