@@ -22,11 +22,11 @@ With softcap, every part is multiplied by dz/du = 1 - (z / s)^2; the uniform par
 so with softcap and beta > 0 it is added inside every tile and nothing is filtered (either filter). Parts 2 and 3
 (the target column and the label-smoothing term) are never filtered.
 
-Memory beyond the gradients: one (chunk_rows x chunk_vocab) dZ chunk in the input dtype (8M elements: 4096 x
-2048, 16 MiB in bf16) and the dE accumulator's low half: dE is accumulated over the vocabulary chunks as a bf16
+Memory beyond the gradients: one (chunk_rows x chunk_vocab) dZ chunk in the input dtype (32M elements: 8192 x
+4096, 64 MiB in bf16) and the dE accumulator's low half: dE is accumulated over the vocabulary chunks as a bf16
 (hi, lo) pair whose hi half is dE itself (about 16 mantissa bits); in float32 for fp16/fp32 inputs (fp32: in
-dE itself). At N = 8192, D = 2304, bf16: 16 + 36 MiB = 4.5% of the gradients. dC starts as the uniform part
-and gets one rounded add per row chunk (two at N = 8192; torch rounds once), plus one for target rows.
+dE itself). At N = 8192, D = 2304, bf16: 64 + 36 MiB = 8.6% of the gradients. dC starts as the uniform part
+and gets one rounded add per row chunk (one at N = 8192; torch rounds once), plus one for target rows.
 """
 
 from __future__ import annotations
