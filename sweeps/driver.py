@@ -21,7 +21,7 @@ from sweeps import checkpoints, fingerprint, store
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
 from trainable.config import TrialConfig
 
-ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_first", "val_loss", "train_confidence", "train_steps",
+ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_plain", "train_loss_first", "val_loss", "train_confidence", "train_steps",
                          "resumed_from_step",
                          "train_tokens", "tokens_per_s", "precision", "attention", "device", "world_size",
                          "model_source", "model_location", "wall_load_s", "wall_train_s", "wall_eval_s",

@@ -93,15 +93,16 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float]) -> SweepConfig
 
 
 def summary_table(results_dir: str, run_name: str, tasks: tuple[str, ...]) -> str:
-    """The run's trials as a fixed-width table: family, lr, beta, seed, loss, then acc/ECE/RMS per task."""
+    """The run's trials as a fixed-width table: family, lr, beta, seed, the final step's label-smoothed loss and
+    its plain cross-entropy (comparable across betas), then acc/ECE/RMS per task."""
     rows = sorted(store.read_trials(results_dir, run_name).to_pylist(),
                   key=lambda r: (r["family"], r["learning_rate"], r["label_smoothing"], r["seed"]))
-    header = ["family", "lr", "beta", "seed", "status", "train_loss"] + [f"{t}_{m}" for t in tasks
-                                                                          for m in ("acc", "ece", "rms")]
+    header = ["family", "lr", "beta", "seed", "status", "train_loss", "plain_loss"] + [
+        f"{t}_{m}" for t in tasks for m in ("acc", "ece", "rms")]
     lines = [header]
     for row in rows:
         cells = [row["family"], f"{row['learning_rate']:g}", f"{row['label_smoothing']:g}", str(row["seed"]),
-                 row["status"], _fmt(row["train_loss"])]
+                 row["status"], _fmt(row["train_loss"]), _fmt(row.get("train_loss_plain"))]
         cells += [_fmt(row.get(f"{t}_{m}")) for t in tasks for m in ("accuracy", "ece", "rms_ce")]
         lines.append(cells)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]

@@ -95,7 +95,7 @@ class TrialProgress(Callback):
             return
         self.last_print[trial.trial_id] = now
         speed = result.get("tokens_per_s_steady", result.get("tokens_per_s"))
-        self._say(f"{trial}: step {step}/{total}  loss {result.get('train_loss', float('nan')):.4f}"
+        self._say(f"{trial}: step {step}/{total}  loss {_losses(result)}"
                   + (f"  {speed:.0f} tok/s" if speed is not None else "") + f"  sweep ETA {self._eta(now)}")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -106,7 +106,7 @@ class TrialProgress(Callback):
             return
         self.durations.append(seconds)
         parts = [f"{'done' if 'train_steps' in result else 'stopped early'} {trial} in {seconds:.0f} s",
-                 f"loss {result.get('train_loss', float('nan')):.4f}"]
+                 f"loss {_losses(result)}"]
         parts += [f"{task} acc {result[f'{task}_accuracy']:.3f} ece {result[f'{task}_ece']:.3f}"
                   for task in TASKS if f"{task}_accuracy" in result]
         self._say("  ".join(parts + [f"sweep ETA {self._eta(time.time())}"]))
@@ -156,3 +156,10 @@ class StoreRecorder(Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record(trial, "failed", trial_error(trial))
+
+
+def _losses(result: dict[str, Any]) -> str:
+    """'2.5000' (the label-smoothed loss), with '(plain 1.9000)' beside it when the trial reports it."""
+    text = f"{result.get('train_loss', float('nan')):.4f}"
+    plain = result.get("train_loss_plain")
+    return text if plain is None else f"{text} (plain {plain:.4f})"

@@ -57,6 +57,7 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("seed", pa.int64()),
     pa.field("config_json", pa.string()),
     pa.field("train_loss", pa.float64()),
+    pa.field("train_loss_plain", pa.float64()),  # -log p(target) of the last step's tokens: beta-free (nullable)
     pa.field("train_loss_first", pa.float64()),
     pa.field("val_loss", pa.float64()),
     pa.field("train_confidence", pa.float64()),

@@ -31,8 +31,9 @@ class FusedLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, *, label_smoothing: float = 0.0,
                 loss_impl: str = "fused", reduction: str = "mean", filter: str = "exact",
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits, or with targets (loss over non-ignored tokens, their mean max-probability); ``reduction``
-        "mean" or "sum" of the per-token losses; ``filter`` the fused kernel's gradient filter."""
+        """Logits, or with targets (loss over non-ignored tokens, their mean max-probability, and the plain
+        cross-entropy -log p(target) over the same tokens, detached, in the same ``reduction``: "mean" or "sum");
+        ``filter`` the fused kernel's gradient filter."""
         if targets is None:
             logits = F.linear(hidden, self.weight)
             return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
@@ -41,18 +42,26 @@ class FusedLMHead(nn.Module):
             loss, stats = kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
                                                        ignore_index=IGNORE_INDEX, softcap=self.softcap,
                                                        reduction=reduction, return_stats=True, filter=filter)
-            return loss, _masked_mean(stats.max_prob.flatten(), kept)
+            plain = -torch.log(stats.target_prob.flatten())
+            return loss, _masked_mean(stats.max_prob.flatten(), kept), _masked_reduce(plain, kept, reduction)
         logits = self.forward(hidden)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, -2)
         loss = F.cross_entropy(logits, targets.flatten(), label_smoothing=label_smoothing, ignore_index=IGNORE_INDEX,
                                reduction=reduction)
-        return loss, _masked_mean(logits.detach().softmax(-1).amax(-1), kept)
+        plain = F.cross_entropy(logits.detach(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        return loss, _masked_mean(logits.detach().softmax(-1).amax(-1), kept), _masked_reduce(plain, kept, reduction)
 
 
 def _masked_mean(values: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     """mean of ``values[kept]`` (NaN when nothing is kept), without a host sync."""
     values = torch.where(kept, values.float(), 0.0)
     return values.sum() / kept.sum()
+
+
+def _masked_reduce(values: torch.Tensor, kept: torch.Tensor, reduction: str) -> torch.Tensor:
+    """sum of ``values[kept]`` for "sum", else their mean (0 when nothing is kept, as the fused loss), detached."""
+    total = torch.where(kept, values.detach().float(), 0.0).sum()
+    return total if reduction == "sum" else total / kept.sum().clamp_min(1)
 
 
 def install_fused_head(model: nn.Module) -> FusedLMHead:
@@ -74,7 +83,9 @@ class CausalLMWithFusedLoss(nn.Module):
     over every response token of the step, however they are spread over micro-batches.
     With ``position_ids`` (packed rows, ``trainable.packing``) the attention mask is not passed: the decoder
     finds the examples from the position restarts and keeps them apart.
-    ``last_confidence`` holds the mean max-probability of the last batch as a 0-d tensor on the model's device
+    ``plain_loss`` accumulates, over training forwards, the plain cross-entropy -log p(target) (no smoothing) of
+    the same tokens scaled like the returned loss, so that betas can be compared; ``take_plain_loss`` hands it over
+    and starts again. ``last_confidence`` holds the mean max-probability of the last batch as a 0-d tensor on the model's device
     (training watches it without logits, and reads it only when it reports, so steps need no host sync).
     """
 
@@ -86,6 +97,7 @@ class CausalLMWithFusedLoss(nn.Module):
         self.loss_impl = loss_impl
         self.loss_filter = loss_filter
         self.last_confidence = torch.tensor(float("nan"))
+        self.plain_loss: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
                 position_ids: torch.Tensor | None = None, loss_divisor: torch.Tensor | None = None) -> torch.Tensor:
@@ -94,7 +106,16 @@ class CausalLMWithFusedLoss(nn.Module):
         hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
         targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
-        loss, confidence = self.head(hidden, targets, label_smoothing=self.label_smoothing, loss_impl=self.loss_impl,
-                                     reduction="mean" if loss_divisor is None else "sum", filter=self.loss_filter)
+        loss, confidence, plain = self.head(hidden, targets, label_smoothing=self.label_smoothing,
+                                            loss_impl=self.loss_impl, filter=self.loss_filter,
+                                            reduction="mean" if loss_divisor is None else "sum")
         self.last_confidence = confidence.detach()
+        if self.training:
+            scaled = plain if loss_divisor is None else plain / loss_divisor
+            self.plain_loss = scaled if self.plain_loss is None else self.plain_loss + scaled
         return loss if loss_divisor is None else loss / loss_divisor
+
+    def take_plain_loss(self) -> torch.Tensor:
+        """The plain losses accumulated since the last call (0-d, on the device; 0 without one), and reset."""
+        taken, self.plain_loss = self.plain_loss, None
+        return taken if taken is not None else torch.zeros(())

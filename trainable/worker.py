@@ -177,6 +177,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     schedule = checkpointing.CheckpointSchedule(trial.train.checkpoint_every_steps,
                                                 trial.train.checkpoint_every_minutes, world_size, device)
     first_loss, step_loss = (resumed.train_loss_first, resumed.train_loss) if resumed else (None, math.nan)
+    plain_loss = math.nan  # of the last reported step
     confidence = resumed.confidence if resumed else math.nan
     val_loss: float | None = resumed.val_loss if resumed else None
     prior_tokens = resumed.tokens if resumed else 0
@@ -185,6 +186,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
             micro_batches = [next(batches) for _ in range(accumulation)]
             clock.tokens += sum(int(batch["attention_mask"].sum()) for batch in micro_batches)
             summed = optimizer_step(engine, micro_batches, device, world_size)
+            plain_summed = wrapped.take_plain_loss()
             step_loss = global_mean_loss(summed, accumulation, world_size)  # the step's one host sync
             if not math.isfinite(step_loss):
                 raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
@@ -201,8 +203,9 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
             save = report_checkpoint is not None and schedule.due(step)
             if not (validate or save or step % trial.train.log_every == 0 or step == total_steps):
                 continue
+            plain_loss = global_mean_loss(plain_summed.to(device), accumulation, world_size)  # reporting steps
             metrics = {"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
-                       "confidence": confidence, "lr": engine.get_lr()[0], "tokens_per_s": clock.rate(),
+                       "train_loss_plain": plain_loss, "confidence": confidence, "lr": engine.get_lr()[0], "tokens_per_s": clock.rate(),
                        "resumed_from_step": start, **({"val_loss": val_loss} if validate else {})}
             if not save:
                 report(metrics)
@@ -240,7 +243,8 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
 
     final: dict[str, Any] = {
         "phase": "done", "step": total_steps, "total_steps": total_steps,
-        "train_loss": step_loss, "train_loss_first": first_loss, "train_steps": total_steps,
+        "train_loss": step_loss, "train_loss_plain": plain_loss, "train_loss_first": first_loss,
+        "train_steps": total_steps,
         "val_loss": val_loss, "train_confidence": confidence, "resumed_from_step": start,
         "train_tokens": (prior_tokens + clock.tokens) * world_size,
         "tokens_per_s": clock.tokens * world_size / max(train_s, 1e-9),

@@ -63,6 +63,9 @@ def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
         assert row["status"] == "ok" and row["error"] is None
         assert row["vocab_size"] == 49152 and row["hidden_size"] == 64 and row["n_params"] > 0
         assert math.isfinite(row["train_loss"]) and row["train_steps"] == 2 and row["attention"] == "default"
+        if row["label_smoothing"] == 0:  # without smoothing the plain loss is the objective itself
+            assert row["train_loss_plain"] == pytest.approx(row["train_loss"], rel=1e-5)
+        assert row["train_loss_plain"] > 0
         assert row["git_rev"] and "torch" in row["package_versions"]
         for task in ("mmlu", "arc_easy", "hellaswag"):
             assert 0 <= row[f"{task}_accuracy"] <= 1 and row[f"{task}_n_questions"] == 4

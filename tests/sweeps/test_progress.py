@@ -31,8 +31,8 @@ def test_one_line_per_event(tmp_path, capsys):
     progress.on_trial_result(0, trials, trials[0], {"phase": "train", "step": 1, "total_steps": 2,
                                                      "train_loss": 2.5, "tokens_per_s": 90.0,
                                                      "tokens_per_s_steady": 120.0})
-    trials[0].update_last_result({"phase": "done", "train_steps": 2, "train_loss": 2.25, "mmlu_accuracy": 0.5,
-                                  "mmlu_ece": 0.125})
+    trials[0].update_last_result({"phase": "done", "train_steps": 2, "train_loss": 2.25, "train_loss_plain": 1.5,
+                                  "mmlu_accuracy": 0.5, "mmlu_ece": 0.125})
     progress.on_trial_complete(0, trials, trials[0])
     failed = sweep.trial(points[1])
     store.write_trial(str(tmp_path), {"run_name": sweep.name, "trial_id": failed.trial_id, "status": "failed",
@@ -43,6 +43,7 @@ def test_one_line_per_event(tmp_path, capsys):
                                                                      "FAILED"]
     assert "step 1/2  loss 2.5000  120 tok/s  sweep ETA" in lines[2]
     assert lines[3].startswith("[calsweep 1/3] done") and "mmlu acc 0.500 ece 0.125" in lines[3]
+    assert "loss 2.2500 (plain 1.5000)" in lines[3]
     assert lines[4] == f"[calsweep 2/3] FAILED {trials[1]}: ValueError: expected at least one SFT example"
 
 

@@ -52,7 +52,7 @@ def test_the_input_gradient_matches_autograd_through_the_whole_model(wrapped_and
     embeds = wrapped.model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
     hidden = wrapped.model.get_decoder()(inputs_embeds=embeds, attention_mask=batch["attention_mask"]).last_hidden_state
     targets = torch.cat([batch["labels"][:, 1:], torch.full_like(batch["labels"][:, :1], -100)], dim=1)
-    loss, _ = wrapped.head(hidden, targets, label_smoothing=0.1)
+    loss, _, _ = wrapped.head(hidden, targets, label_smoothing=0.1)
     loss.backward()
     got_loss, got_grad = loss_and_input_grad(lambda: wrapped(**batch), wrapped.model.get_input_embeddings(), MATH)
     assert got_loss == pytest.approx(float(loss), rel=1e-6)

@@ -63,3 +63,31 @@ def test_the_loss_filter_reaches_the_kernel(tiny_llama_config) -> None:
     CausalLMWithFusedLoss(model, 0.1, loss_filter="loose")(**batch)  # accepted (exact on the CPU path)
     with pytest.raises(ValueError, match="expected filter in \\('exact', 'loose'\\), got 'fast'"):
         CausalLMWithFusedLoss(model, 0.1, loss_filter="fast")(**batch)
+
+
+@pytest.mark.parametrize("loss_impl", ["fused", "torch"])
+def test_the_plain_loss_is_the_unsmoothed_cross_entropy_scaled_like_the_loss(tiny_llama_config, loss_impl) -> None:
+    import torch.nn.functional as F
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**tiny_llama_config)).double()
+    wrapped = CausalLMWithFusedLoss(model, 0.3, loss_impl=loss_impl)
+    ids = torch.randint(0, tiny_llama_config["vocab_size"], (2, 9))
+    labels = ids.clone()
+    labels[:, :3] = -100  # a prompt
+    batches = [dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)] * 2
+    logits = model(input_ids=ids).logits[:, :-1].flatten(0, 1)
+    want = F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)  # float64 truth, no smoothing
+    divisor = torch.tensor(0.5)
+    for batch in batches:  # two micro-batches of the training loop: sums / divisor accumulate
+        wrapped(**batch, loss_divisor=divisor)
+    tokens = int((labels[:, 1:] != -100).sum())
+    torch.testing.assert_close(wrapped.take_plain_loss(), 2 * want.float() * tokens / divisor, rtol=1e-6, atol=0)
+    assert float(wrapped.take_plain_loss()) == 0.0  # taken and reset
+    wrapped.eval()
+    wrapped(**batches[0])  # evaluation forwards (validation) are not training losses
+    assert float(wrapped.take_plain_loss()) == 0.0
+    wrapped.train()
+    wrapped(**batches[0])  # without a divisor: the batch's mean
+    torch.testing.assert_close(wrapped.take_plain_loss().double(), want, rtol=1e-6, atol=0)

@@ -42,6 +42,8 @@ def test_same_config_same_numbers(tiny_llama_config, data_dir, tmp_path, one_ran
 def test_zero_stages_train(tiny_llama_config, data_dir, tmp_path, one_rank_process_group, stage):
     final, _ = _run(_trial(tiny_llama_config, data_dir, tmp_path, zero_stage=stage))
     assert math.isfinite(final["train_loss"]) and final["arc_easy_n_questions"] == 3
+    # beta = 0.1: the plain cross-entropy of the same tokens is another number than the smoothed objective
+    assert 0 < final["train_loss_plain"] and abs(final["train_loss_plain"] - final["train_loss"]) > 1e-4
     assert final["val_loss"] is None and 0 < final["train_confidence"] <= 1
     assert final["attention"] == "default"  # the pre-training check ran (also under ZeRO-3) and kept SDPA's choice
 
