@@ -25,7 +25,7 @@ ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_plain", "train_loss_first", "
                          "resumed_from_step",
                          "train_tokens", "tokens_per_s", "precision", "attention", "device", "world_size",
                          "model_source", "model_location", "wall_load_s", "wall_train_s", "wall_eval_s",
-                         "wall_total_s", "model_path")
+                         "wall_total_s", "model_path") + store.ENTROPY_COLUMNS
 
 
 def _now() -> dt.datetime:

@@ -26,6 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from calibration import records as calibration_records
+from calibration.entropy_floor import STATS as ENTROPY_COLUMNS
 
 SCHEMA_VERSION = 1
 TASKS = ("mmlu", "arc_easy", "hellaswag")
@@ -79,7 +80,8 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("git_rev", pa.string()),
     pa.field("hostname", pa.string()),
     pa.field("model_path", pa.string()),  # the trained model's Hugging Face folder (train.save_model), else null
-] + [pa.field(name, pa.float64()) for name in METRIC_COLUMNS]
+] + [pa.field(name, pa.float64()) for name in METRIC_COLUMNS] + [
+    pa.field(name, pa.float64()) for name in ENTROPY_COLUMNS]  # the eq. 14 floor's inputs; null in older files
 
 TRIAL_SCHEMA = pa.schema(_TRIAL_FIELDS, metadata={"calsweep_schema_version": str(SCHEMA_VERSION)})
 

@@ -116,6 +116,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     torch.distributed must be initialised (Ray Train does it; tests use a one-rank gloo group).
     """
     from calibration.evaluate import evaluate_model
+    from calibration.prompt_states import evaluation_entropy_stats
     from sweeps.store import write_questions
 
     if resume_from is not None and (resume_from / checkpointing.FINAL_FILE).is_file():
@@ -223,7 +224,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
 
     eval_started = time.time()
     summary: dict[str, dict[str, float]] = {}
-    records = None
+    records, floor = None, {}
     if trial.eval.tasks:
         engine.eval()
         scorer = scoring_model(model, trial.train.zero_stage, device, rank, world_size)
@@ -236,8 +237,11 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                                     attention=attention.backends, plan_cache=cache_dir() / "plans",
                                     ats_head=ats_head)
             summary, records = result.summary, result.records
-            if rank == 0:
+            if rank == 0:  # the floor's inputs from rank 0's scorer alone (no collective: calibration.prompt_states)
                 write_questions(trial.results_dir, trial.run_name, trial.trial_id, records)
+                floor = evaluation_entropy_stats(scorer, tokenizer, trial.eval.tasks, data_dir=trial.data_dir,
+                                                 limit=trial.eval.limit, batch_size=trial.eval.batch_size,
+                                                 attention=attention.backends)
             del scorer
     eval_s = time.time() - eval_started
 
@@ -253,7 +257,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         **{f"model_{k}": v for k, v in facts.items()},
         "model_source": spec.source, "model_location": spec.location,
         "wall_load_s": load_s, "wall_train_s": train_s, "wall_eval_s": eval_s,
-        "wall_total_s": time.time() - started, "model_path": model_path, **compile_cache_counts(),
+        "wall_total_s": time.time() - started, "model_path": model_path, **compile_cache_counts(), **floor,
     }
     for task, metrics in summary.items():
         final.update({f"{task}_{name}": float(value) for name, value in metrics.items()})

@@ -67,6 +67,8 @@ def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
             assert row["train_loss_plain"] == pytest.approx(row["train_loss"], rel=1e-5)
         assert row["train_loss_plain"] > 0
         assert row["git_rev"] and "torch" in row["package_versions"]
+        assert all(row[name] > 0 for name in store.ENTROPY_COLUMNS)  # measured on the trial's evaluation prompts
+        assert row["entropy_floor"] <= row["mean_entropy"] and row["rho"] == row["sigma_c"] * row["sigma_h_max"]
         for task in ("mmlu", "arc_easy", "hellaswag"):
             assert 0 <= row[f"{task}_accuracy"] <= 1 and row[f"{task}_n_questions"] == 4
             for metric in ("ece", "rms_ce", "mce", "ace", "sce", "ece_norm", "rms_ce_norm", "mean_confidence_norm"):

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from calibration.entropy_floor import STATS
 from trainable.config import TrialConfig
 from trainable.worker import run_trial
 
@@ -32,7 +33,7 @@ def test_same_config_same_numbers(tiny_llama_config, data_dir, tmp_path, one_ran
     first, reports = _run(trial)
     second, _ = _run(trial)
     assert [r["phase"] for r in reports] == ["train", "train", "done"]
-    for key in ("train_loss", "train_loss_first", "arc_easy_ece", "arc_easy_accuracy", "arc_easy_nll"):
+    for key in ("train_loss", "train_loss_first", "arc_easy_ece", "arc_easy_accuracy", "arc_easy_nll", *STATS):
         assert first[key] == second[key], key
     assert math.isfinite(first["train_loss"]) and 0 <= first["arc_easy_ece"] <= 1
     assert first["train_tokens"] > 0 and first["model_vocab_size"] == 49152
@@ -46,6 +47,10 @@ def test_zero_stages_train(tiny_llama_config, data_dir, tmp_path, one_rank_proce
     assert 0 < final["train_loss_plain"] and abs(final["train_loss_plain"] - final["train_loss"]) > 1e-4
     assert final["val_loss"] is None and 0 < final["train_confidence"] <= 1
     assert final["attention"] == "default"  # the pre-training check ran (also under ZeRO-3) and kept SDPA's choice
+    # the entropy floor's inputs, measured on the trained weights (under ZeRO-3 on the gathered scorer)
+    assert all(math.isfinite(final[name]) and final[name] > 0 for name in STATS)
+    assert final["rho"] == pytest.approx(final["sigma_c"] * final["sigma_h_max"], rel=1e-12)
+    assert final["entropy_floor"] <= final["mean_entropy"] <= math.log(final["model_vocab_size"])
 
 
 def test_validation_loss_is_reported_on_schedule_and_at_the_end(tiny_llama_config, data_dir, tmp_path,
