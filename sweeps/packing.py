@@ -43,7 +43,9 @@ def probe_fraction(sweep: SweepConfig) -> float:
     (a Ray task with num_gpus=1; Ray must be initialised)."""
     import ray
 
-    task = ray.remote(num_gpus=1)(_peak_bytes)
+    from sweeps.driver import worker_env
+
+    task = ray.remote(num_gpus=1, runtime_env={"env_vars": worker_env(sweep)})(_peak_bytes)
     first = {}
     for point in sweep.trial_points():
         first.setdefault(point.family, sweep.trial(point))
