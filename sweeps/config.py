@@ -36,7 +36,9 @@ class ResourcesConfig:
     workers_per_trial: int | None = 1  # null: from the model's size (ZeRO-3 memory estimate, see workers_for)
     gpu_memory_gb: float = 80.0  # per GPU, for that estimate
     cpus_per_worker: float | None = None  # null: the cluster's CPUs shared among concurrent trials' workers
-    gpus_per_worker: float | None = None  # null: 1 when the cluster has GPUs, else 0; a fraction packs small trials
+    # null: 1 when the cluster has GPUs, else 0; a fraction packs small trials; auto: from a one-step memory probe
+    gpus_per_worker: float | str | None = None
+    probe_margin: float = 1.3  # auto: the fraction asked is the probe's peak memory x this, over the GPU's memory
     max_concurrent_trials: int | None = None  # null: GPUs // gpus per trial (at least 1)
     max_failures: int = 1  # Ray Train retries of a crashed trial before it is recorded as failed
 
@@ -220,8 +222,12 @@ def _check_sweep(config: SweepConfig) -> list[str]:
         problems.append(f"tracking.mlflow.tracking_uri: expected an MLflow tracking URI when results_dir is remote "
                         f"({config.results_dir!r}), got null")
     gpus = config.resources.gpus_per_worker
-    if gpus is not None and (gpus < 0 or (gpus > 1 and gpus != int(gpus))):
-        problems.append(f"resources.gpus_per_worker: expected a fraction in [0, 1] or a whole number, got {gpus!r}")
+    if isinstance(gpus, str) and gpus != "auto" or not isinstance(gpus, str) and gpus is not None and (
+            gpus < 0 or (gpus > 1 and gpus != int(gpus))):
+        problems.append(f"resources.gpus_per_worker: expected a fraction in [0, 1], a whole number or 'auto', "
+                        f"got {gpus!r}")
+    if config.resources.probe_margin < 1:
+        problems.append(f"resources.probe_margin: expected a number >= 1, got {config.resources.probe_margin!r}")
     custom = {n: None for n in config.custom_models}
     for family in config.families:
         if family in custom:

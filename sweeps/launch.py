@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -75,11 +75,21 @@ def _report(problems: list[str]) -> int:
     return 2
 
 
-def plan_resources(sweep: SweepConfig, cluster: dict[str, float]) -> SweepConfig:
-    """Fill the config's null resources from the cluster: GPUs per worker, CPUs per worker, concurrency."""
+def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
+                   probe: Callable[[SweepConfig], float] | None = None) -> SweepConfig:
+    """Fill the config's null resources from the cluster: GPUs per worker, CPUs per worker, concurrency. GPUs per
+    worker ``auto`` is 0 on a CPU-only cluster, else ``probe(sweep)`` (default: ``packing.probe_fraction``, a
+    measured one-step memory probe per family)."""
+    from sweeps.packing import probe_fraction
+
     r = sweep.resources
     gpus_total, cpus_total = int(cluster.get("GPU", 0)), max(1, int(cluster.get("CPU", 1)))
-    gpus_per_worker = r.gpus_per_worker if r.gpus_per_worker is not None else (1 if gpus_total else 0)
+    if r.gpus_per_worker == "auto":
+        gpus_per_worker = (probe or probe_fraction)(sweep) if gpus_total else 0
+        if gpus_total:
+            print(f"GPU memory probe: {gpus_per_worker:g} GPU per worker (resources.gpus_per_worker: auto)", flush=True)
+    else:
+        gpus_per_worker = r.gpus_per_worker if r.gpus_per_worker is not None else (1 if gpus_total else 0)
     workers = min(workers_for(sweep, family) for family in sweep.families)
     if gpus_per_worker:
         concurrent = r.max_concurrent_trials or max(1, int(gpus_total / (gpus_per_worker * workers) + 1e-9))
@@ -173,6 +183,10 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
                    "provenance": {"package_versions": package_versions(), "git_rev": git_revision()}}
     trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
     experiment = f"{storage_path}/{sweep.name}"
+
+    def callbacks() -> list:  # fresh ones for each Tuner
+        return [StoreRecorder(sweep), *tracking.callbacks(sweep)]
+
     if resume and tune.Tuner.can_restore(experiment):
         print(f"Resuming the Tune experiment {experiment}", flush=True)
         tuner = tune.Tuner.restore(experiment, trainable, resume_unfinished=True, resume_errored=True,
@@ -186,16 +200,48 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
                 search_alg=search.search_algorithm(sweep), scheduler=search.scheduler(sweep),
                 trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep)),
             run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
-                                      callbacks=[TrialProgress(sweep, n_trials), StoreRecorder(sweep),
-                                                 *tracking.callbacks(sweep)]),
+                                      callbacks=[TrialProgress(sweep, n_trials), *callbacks()]),
         )
     if not verbose:  # MLflow's own INFO lines (creating its tables) are no trial events
         logging.getLogger("mlflow").setLevel(logging.WARNING)
     tuner.fit()
+    retry_out_of_memory(sweep, param_space, callbacks)
     print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
     print(f"\nResults: {results_dir}/trials (one row per trial), {results_dir}/questions (per question)", flush=True)
     statuses = store.read_trials(results_dir, sweep.name).column("status").to_pylist()
     return statuses.count("failed")  # a trial stopped early by the scheduler is not a failure
+
+
+def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbacks: Callable[[], list]) -> None:
+    """Run each trial stored as failed with a GPU out-of-memory error again, alone (``packing.alone``: whole GPUs,
+    one trial at a time), each as a one-trial Tuner with the sweep's ``param_space`` and new ``callbacks()``; its
+    driver stores the new row (ok, or failed again). Resources are no result setting: the row is a normal one."""
+    from ray import tune
+
+    from sweeps.driver import trial_driver
+    from sweeps.packing import alone as run_alone, out_of_memory
+    from sweeps.progress import TrialProgress
+
+    rows = [row for row in store.read_trials(sweep.results_dir, sweep.name).to_pylist()
+            if row["status"] == "failed" and out_of_memory(row["error"])]
+    if not rows:
+        return
+    alone = run_alone(sweep)
+    print(f"Retrying {len(rows)} trial(s) that ran out of GPU memory while sharing, alone "
+          f"({alone.resources.gpus_per_worker:g} GPU per worker, one trial at a time): "
+          f"{', '.join(row['trial_id'] for row in rows)}", flush=True)
+    trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
+    for row in rows:
+        point = {"family": row["family"], "learning_rate": row["learning_rate"],
+                 "label_smoothing": row["label_smoothing"], "seed": row["seed"]}
+        tuner = tune.Tuner(
+            trainable, param_space={**param_space, "sweep": sweep_to_dict(alone), **point},
+            tune_config=tune.TuneConfig(max_concurrent_trials=1, trial_name_creator=_trial_name(alone),
+                                        trial_dirname_creator=_trial_name(alone)),
+            run_config=tune.RunConfig(name=f"{sweep.name}-alone-{row['trial_id']}",
+                                      storage_path=param_space["storage_path"], verbose=0,
+                                      callbacks=[TrialProgress(alone, 1), *callbacks()]))
+        tuner.fit()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from trainable.attention_check import AttentionChoice, choose_attention
 from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.export import save_hf_model
 from trainable.config import TrialConfig
-from trainable.fault_injection import die_if_due
+from trainable.fault_injection import die_if_due, oom_if_due
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_cache_counts, prepare_node
@@ -150,6 +150,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
 
     from trainable.deepspeed_setup import build_engine
 
+    oom_if_due(rank, trial.results_dir, trial.run_name, trial.trial_id)
     engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
     accumulation = trial.train.gradient_accumulation_steps
     if pack_width:

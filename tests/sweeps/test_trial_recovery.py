@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -21,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps import store
+from sweeps import fingerprint, store
 from sweeps.analysis.load import parse_filter
 from sweeps.analyze import analyze
 from sweeps.config import load_sweep
-from trainable.fault_injection import FAULT_ENV
+from trainable.fault_injection import FAULT_ENV, OOM_ENV
 from trainable.worker import run_trial
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +71,25 @@ def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, data_dir, one_ran
     assert reference["resumed_from_step"] == 0
     for key in ("train_loss", "train_loss_first", "arc_easy_nll", "arc_easy_ece", "arc_easy_accuracy"):
         assert math.isclose(row[key], reference[key], rel_tol=REL_TOL), (key, row[key], reference[key])
+
+
+@pytest.mark.slow
+def test_an_out_of_memory_trial_is_retried_alone(tmp_path, data_dir):
+    results = tmp_path / "results"
+    settings = ["label_smoothing=[0.1]", "eval.tasks=[]", "resources.max_failures=0"]  # no Ray Train retry
+    out = subprocess.run(_launch(results, "--config", str(CONFIG), *settings), capture_output=True,
+                         text=True, timeout=600, env=_env(data_dir, **{OOM_ENV: "1"}))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (row,) = store.read_trials(str(results), "tiny").to_pylist()
+    assert (results / "faults" / f"tiny__{row['trial_id']}.oom").exists()  # the first attempt did run out of memory
+    failed = rf"FAILED {row['trial_id']}: torch\.OutOfMemoryError: CUDA out of memory"
+    assert re.search(failed, out.stdout), out.stdout[-3000:]
+    retry = [line for line in out.stdout.splitlines() if line.startswith("Retrying ")]
+    assert retry == [f"Retrying 1 trial(s) that ran out of GPU memory while sharing, alone (0 GPU per worker, one "
+                     f"trial at a time): {row['trial_id']}"], out.stdout
+    assert row["status"] == "ok" and row["error"] is None and row["train_steps"] == 2
+    sweep = load_sweep(CONFIG, {"results_dir": str(results), "data_dir": data_dir}, settings)
+    assert fingerprint.row_differences(row, sweep.trial(sweep.trial_points()[0]), 1) == {}  # a later run keeps it
 
 
 CHAOS = ["--name", "chaos", "train.max_steps=4", "train.checkpoint_every_steps=2", "train.log_every=1",
