@@ -22,8 +22,11 @@ SUMMARY_KEYS = {"accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll"
 
 def test_seam_contract(llama, tokenizer, mini_data):
     llama.train()
-    result = evaluate_model(llama, tokenizer, data_dir=mini_data, limit=3, progress=False)
-    assert isinstance(result, EvalResult) and llama.training
+    try:
+        result = evaluate_model(llama, tokenizer, data_dir=mini_data, limit=3, progress=False)
+        assert isinstance(result, EvalResult) and llama.training
+    finally:
+        llama.eval()  # a session fixture: leave it as the other tests expect it
     assert set(result.summary) == {"mmlu", "arc_easy", "hellaswag"}
     for values in result.summary.values():
         assert SUMMARY_KEYS <= set(values) and all(isinstance(v, float) for v in values.values())

@@ -31,7 +31,7 @@ def _reference_states(model, rows) -> torch.Tensor:
 
 @pytest.mark.parametrize("model_name", ["llama", "gemma"])
 def test_states_are_the_decoders_final_ones_without_padding(request, tokenizer, prompts, model_name):
-    model = request.getfixturevalue(model_name)
+    model = request.getfixturevalue(model_name).eval()
     rows = context_rows(tokenizer, prompts, 10_000)
     assert len({len(r) for r in rows}) > 3  # batches of 3 rows of different lengths: padding to leave out
     got = prompt_hidden_states(model, rows, batch_size=3)
