@@ -29,7 +29,7 @@ from sweeps.config import ConfigError, SweepConfig, load_sweep, sweep_to_dict, w
 from sweeps.preflight import preflight, stale_problems  # noqa: E402
 
 
-DRIVER_CPUS = 0.01  # a trial's Tune function only waits on its TorchTrainer
+DRIVER_CPUS = 0.001  # a trial's Tune function only waits on its TorchTrainer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,12 +91,15 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
     else:
         gpus_per_worker = r.gpus_per_worker if r.gpus_per_worker is not None else (1 if gpus_total else 0)
     workers = min(workers_for(sweep, family) for family in sweep.families)
+    # A restored Tune experiment starts the drivers of all its unfinished trials at once (max_concurrent_trials
+    # holds only for new ones): their CPUs are set aside, so that the workers of one trial still fit.
+    drivers = DRIVER_CPUS * (len(sweep.trial_points()) if sweep.search.method == "grid" else sweep.search.num_samples)
     if gpus_per_worker:
         concurrent = r.max_concurrent_trials or max(1, int(gpus_total / (gpus_per_worker * workers) + 1e-9))
-        cpus_per_worker = r.cpus_per_worker or min(8.0, (cpus_total - DRIVER_CPUS * concurrent) / max(1, gpus_total))
+        cpus_per_worker = r.cpus_per_worker or min(8.0, (cpus_total - drivers) / max(1, gpus_total))
     else:  # CPU only: trials share the machine's cores one after another
         concurrent = r.max_concurrent_trials or 1
-        cpus_per_worker = r.cpus_per_worker or (cpus_total - DRIVER_CPUS * concurrent) / (concurrent * workers)
+        cpus_per_worker = r.cpus_per_worker or (cpus_total - drivers) / (concurrent * workers)
     resources = dataclasses.replace(r, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
                                     max_concurrent_trials=concurrent)
     return dataclasses.replace(sweep, resources=resources)

@@ -43,6 +43,18 @@ def test_auto_on_a_cpu_cluster_means_no_gpus():
     assert planned.resources.gpus_per_worker == 0 and planned.resources.max_concurrent_trials == 1
 
 
+def test_the_drivers_of_every_trial_leave_room_for_one_trial_s_workers():
+    """Restoring a Tune experiment starts every unfinished trial's driver at once: on 2 CPUs, the two tiny trials'
+    drivers and one trial's worker must fit together (with one driver's CPUs set aside, none of them did)."""
+    from sweeps.launch import DRIVER_CPUS
+
+    sweep = load_sweep(TINY)
+    planned = plan_resources(sweep, {"CPU": 2.0}).resources
+    pending = len(sweep.trial_points())
+    assert pending == 2 and planned.max_concurrent_trials == 1
+    assert pending * DRIVER_CPUS + planned.cpus_per_worker <= 2.0
+
+
 def test_auto_on_a_gpu_cluster_packs_by_the_probe():
     sweep = load_sweep(TINY, assignments=["resources.gpus_per_worker=auto"])
     planned = plan_resources(sweep, {"CPU": 16.0, "GPU": 2.0}, probe=lambda s: gpu_fraction(10 * GIB, 80 * GIB, 1.3))
