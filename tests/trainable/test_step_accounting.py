@@ -7,11 +7,13 @@ gradient of one big batch: sum over all 4 micro-batches' response tokens of the 
 
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from trainable.config import TrainConfig
@@ -44,8 +46,6 @@ def _micro_batches() -> list[list[dict[str, torch.Tensor]]]:
 def _rank_gradients(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
-    if dist.is_initialized():  # forked from a test session whose one-rank group (tests/conftest.py) is up
-        dist.destroy_process_group()
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     from trainable.deepspeed_setup import build_engine
 
@@ -86,7 +86,16 @@ def test_two_ranks_with_accumulation_give_the_one_big_batch_gradient(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_rank_gradients, args=(port, str(tmp_path)), nprocs=WORLD, start_method="fork")
+    # fresh interpreters: a fork would inherit the session's process group and DeepSpeed's cached groups
+    run_rank = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ranks', sys.argv[1]); "
+                "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+                "m._rank_gradients(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, "-c", run_rank, __file__, str(rank), str(port), str(tmp_path)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(WORLD)]
+    logs = [process.communicate(timeout=300)[0] for process in ranks]
+    assert all(process.returncode == 0 for process in ranks), logs[0][-3000:] + logs[1][-3000:]
     mean, grads, mean_of_means_grads = _big_batch_reference()
     for rank in range(WORLD):
         got = torch.load(tmp_path / f"{rank}.pt")
