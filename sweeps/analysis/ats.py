@@ -13,6 +13,7 @@ import pandas as pd
 
 from calibration.metrics import expected_calibration_error
 from sweeps.analysis.load import Results
+from sweeps.analysis.temperature import cell_trials
 
 ATS_COLUMNS = ["trial", "task", "ece_ats", "ats_source"]
 ADDED_COLUMNS = ["ece_ats", "ece_ats_low", "ece_ats_high", "ats_trials"]
@@ -48,12 +49,7 @@ def with_ats(ls_ts: pd.DataFrame, table: pd.DataFrame, by_trial: pd.DataFrame, i
     added = []
     for row in table.to_dict("records"):
         for task in tasks:
-            cell = (row["sft_dataset"], row["family"], row["label_smoothing"], task)
-            scaled = by_trial.reindex([(t, task) for t in row["trials"].split(";")])
-            done = scaled[scaled["ece_ats"].notna()]
-            if 0 < len(done) < len(scaled):
-                notes.append(f"{'/'.join(map(str, cell))}: ECE after ATS is the mean of {len(done)} of the cell's "
-                             f"{len(scaled)} trials (the others ran without eval.ats)")
+            cell, done = cell_trials(by_trial, row, task, "ece_ats", notes, "ATS", "the others ran without eval.ats")
             bounds = [found.at[cell, side] if cell in found.index else np.nan for side in ("low", "high")]
             added.append([done["ece_ats"].mean(), *bounds, len(done)])
     return pd.concat([ls_ts.reset_index(drop=True), pd.DataFrame(added, columns=ADDED_COLUMNS)], axis=1)

@@ -58,6 +58,19 @@ def scaled_questions(results: Results) -> tuple[pd.DataFrame, pd.DataFrame]:
     return frame, pd.concat(scaled, ignore_index=True) if scaled else results.questions.iloc[:0]
 
 
+def cell_trials(by_trial: pd.DataFrame, row: dict, task: str, column: str, notes: list[str], method: str,
+                absent: str) -> tuple[tuple, pd.DataFrame]:
+    """(cell key, the rows of ``by_trial`` (indexed by trial and task) of the Table 1 ``row``'s trials on ``task``
+    that have ``column``); a note when only some of the cell's trials have it."""
+    cell = (row["sft_dataset"], row["family"], row["label_smoothing"], task)
+    scaled = by_trial.reindex([(t, task) for t in row["trials"].split(";")])
+    done = scaled[scaled[column].notna()]
+    if 0 < len(done) < len(scaled):
+        notes.append(f"{'/'.join(map(str, cell))}: ECE after {method} is the mean of {len(done)} of the cell's "
+                     f"{len(scaled)} trials ({absent})")
+    return cell, done
+
+
 def ls_ts_table(table: pd.DataFrame, temperatures: pd.DataFrame, intervals: pd.DataFrame,
                 ts_intervals: pd.DataFrame, tasks: tuple[str, ...], notes: list[str]) -> pd.DataFrame:
     """LS_TS_COLUMNS per Table 1 row and task: ECE and ECE after TS (means over the cell's trials that have it),
@@ -68,12 +81,7 @@ def ls_ts_table(table: pd.DataFrame, temperatures: pd.DataFrame, intervals: pd.D
     rows = []
     for row in table.to_dict("records"):
         for task in tasks:
-            cell = (row["sft_dataset"], row["family"], row["label_smoothing"], task)
-            scaled = by_trial.reindex([(t, task) for t in row["trials"].split(";")])
-            done = scaled[scaled["ece_ts"].notna()]
-            if 0 < len(done) < len(scaled):
-                notes.append(f"{'/'.join(map(str, cell))}: ECE after TS is the mean of {len(done)} of the cell's "
-                             f"{len(scaled)} trials (the others have no temperature)")
+            cell, done = cell_trials(by_trial, row, task, "ece_ts", notes, "TS", "the others have no temperature")
             bounds = [found[name].at[cell, side] if cell in found[name].index else np.nan
                       for name in ("ece", "ece_ts") for side in ("low", "high")]
             rows.append([row["sft_dataset"], row["family"], task, row["label_smoothing"], row["learning_rate"],
