@@ -281,7 +281,8 @@ def run_tiles(args: argparse.Namespace) -> list[dict]:
         backward.BackwardTiles(dz_elements=1 << 23, chunk_vocab=2048),  # before 2026-11-24: 16 MiB dZ
         backward.BackwardTiles(dz_elements=1 << 24, chunk_vocab=4096),
         backward.BackwardTiles(chunk_vocab=8192),
-        backward.BackwardTiles(dense_dc_cublas=False),
+        backward.BackwardTiles(cublas_min_active=0.0),  # partly active chunks by cuBLAS too
+        backward.BackwardTiles(cublas_min_active=float("inf")),  # the Triton GEMMs only (before 2026-11-25)
     ]
     rows = []
     for label, shape, inputs in make_all_inputs(args):

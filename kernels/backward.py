@@ -22,11 +22,12 @@ With softcap, every part is multiplied by dz/du = 1 - (z / s)^2; the uniform par
 so with softcap and beta > 0 it is added inside every tile and nothing is filtered (either filter). Parts 2 and 3
 (the target column and the label-smoothing term) are never filtered.
 
-Memory beyond the gradients: one (chunk_rows x chunk_vocab) dZ chunk in the input dtype (32M elements: 8192 x
-4096, 64 MiB in bf16) and the dE accumulator's low half: dE is accumulated over the vocabulary chunks as a bf16
-(hi, lo) pair whose hi half is dE itself (about 16 mantissa bits); in float32 for fp16/fp32 inputs (fp32: in
-dE itself). At N = 8192, D = 2304, bf16: 64 + 36 MiB = 8.6% of the gradients. dC starts as the uniform part
-and gets one rounded add per row chunk (one at N = 8192; torch rounds once), plus one for target rows.
+Memory beyond the gradients: one (chunk_rows x chunk_vocab) dZ chunk in the input dtype and dE's float32
+accumulator (none for float32 inputs: dE itself), within TILES.extra_bytes together: at N = 8192, D = 640 (bf16) a
+64 MiB dZ chunk (8192 x 4096) + 20 MiB; at N = 8192, D = 2304 a 32 MiB chunk (4096 x 4096) + 72 MiB, 9% of the
+gradients. Chunks with at least TILES.cublas_min_active of their tiles active run both gradient GEMMs in cuBLAS
+(skipped tiles written as zeros; dE accumulated in float32 by cuBLAS); sparser chunks run a Triton GEMM that skips
+them. dC starts as the uniform part and gets one rounded add per row chunk, plus one for target rows.
 """
 
 from __future__ import annotations
@@ -48,14 +49,15 @@ LOOSE_MASS = 2.0**-8  # filter="loose"
 
 @dataclass(frozen=True)
 class BackwardTiles:
-    dz_elements: int = 1 << 25  # size of the dZ chunk (chunk rows x chunk_vocab): 64 MiB in bf16
+    extra_bytes: int = 104 << 20  # dZ chunk + float32 dE accumulator: 84 MiB at D = 640, 104 MiB at D = 2304
+    dz_elements: int = 1 << 25  # largest dZ chunk (chunk rows x chunk_vocab): 64 MiB in bf16
     chunk_vocab: int = 4096  # multiple of block_v; dE is read and written once per vocabulary chunk
-    gemm_m: int = 128  # output rows of the dC / dE GEMM tiles; divides block_n and block_v
+    cublas_min_active: float = 0.5  # share of active tiles from which a chunk's GEMMs run in cuBLAS (inf: never)
+    gemm_m: int = 128  # output rows of the Triton dC / dE GEMM tiles; divides block_n and block_v
     gemm_d: int = 128
     gemm_k: int = 64
     gemm_warps: int = 8
     gemm_stages: int = 3
-    dense_dc_cublas: bool = True  # fully active chunks: dC by cuBLAS (dZ^T is an awkward operand for Triton)
 
 
 TILES = BackwardTiles()
@@ -66,20 +68,23 @@ def _dz_kernel(
     E, C, Y, PERM, LSE, G, GSCALE, ACTIVE, DZ,
     N, V, D, r0, c0, vc, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DENSE_UNIFORM: tl.constexpr, HAS_PERM: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, ZERO_SKIPPED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DENSE_UNIFORM: tl.constexpr,
+    HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
     softcap), v = PERM[j] (v = j without HAS_PERM), for one (BLOCK_N x BLOCK_V) tile of the chunk starting at
-    row r0, vocabulary position c0."""
+    row r0, vocabulary position c0; with MASKED, skipped tiles are left as they are (ZERO_SKIPPED: set to 0)."""
     pid = tl.program_id(0)
     tiles_v = tl.cdiv(vc, BLOCK_V)
     tn = pid // tiles_v
     tv = pid % tiles_v
+    rows = r0 + tn * BLOCK_N + tl.arange(0, BLOCK_N)
+    out = DZ + (rows - r0).to(tl.int64)[:, None] * stride_dz + (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :]
     if MASKED:
         if tl.load(ACTIVE + (r0 // BLOCK_N + tn) * num_vtiles + c0 // BLOCK_V + tv) == 0:
+            if ZERO_SKIPPED:
+                tl.store(out, tl.zeros((BLOCK_N, BLOCK_V), dtype=DZ.dtype.element_ty))
             return
-    rows = r0 + tn * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < N
     col_ok = cols < V
@@ -100,7 +105,6 @@ def _dz_kernel(
     dz = dz * g[:, None]
     if HAS_SOFTCAP:
         dz = dz * (1.0 - (z / softcap) * (z / softcap))
-    out = DZ + (rows - r0).to(tl.int64)[:, None] * stride_dz + (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :]
     tl.store(out, dz.to(DZ.dtype.element_ty))
 
 
@@ -145,15 +149,13 @@ def _dc_tile(
 
 @triton.jit
 def _de_tile(
-    pid, DZ, C, PERM, ACC, ACC_LO, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz, stride_cv, stride_cd,
-    num_vtiles,
+    pid, DZ, C, PERM, ACC, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz, stride_cv, stride_cd, num_vtiles,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
-    MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, HAS_PERM: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """ACC[r0 + tile] += gscale * dZ[tile, :] @ C[PERM[c0 : c0 + vc]] (C[c0 : c0 + vc] without HAS_PERM) for one
-    (BLOCK_M x BLOCK_D) tile. ACC is float32, or with SPLIT_ACC a (hi, lo) pair of 16-bit tensors holding the
-    sum hi + lo."""
+    (BLOCK_M x BLOCK_D) tile of the float32 accumulator ACC (N x D, contiguous)."""
     d_tiles = tl.cdiv(D, BLOCK_D)
     tn = pid // d_tiles
     nl = tn * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -178,24 +180,17 @@ def _de_tile(
     if n_active > 0:
         ok = (nl < nr)[:, None] & d_ok[None, :]
         offs = (r0 + nl).to(tl.int64)[:, None] * D + ds[None, :]
-        x = tl.load(ACC + offs, mask=ok, other=0.0).to(tl.float32) + gscale * acc
-        if SPLIT_ACC:
-            x += tl.load(ACC_LO + offs, mask=ok, other=0.0).to(tl.float32)
-            hi = x.to(ACC.dtype.element_ty)
-            tl.store(ACC + offs, hi, mask=ok)
-            tl.store(ACC_LO + offs, (x - hi.to(tl.float32)).to(ACC_LO.dtype.element_ty), mask=ok)
-        else:
-            tl.store(ACC + offs, x, mask=ok)
+        tl.store(ACC + offs, tl.load(ACC + offs, mask=ok, other=0.0) + gscale * acc, mask=ok)
 
 
 @triton.jit
 def _grad_gemm_kernel(
-    DZ, E, C, DC, ACC, ACC_LO, PERM, ACTIVE, GSCALE,
+    DZ, E, C, DC, ACC, PERM, ACTIVE, GSCALE,
     N, V, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed, stride_cv, stride_cd, stride_dcv, stride_dcd,
     num_vtiles, num_dc_programs,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
-    MASK_V: tl.constexpr, MASKED: tl.constexpr, SPLIT_ACC: tl.constexpr, HAS_DC: tl.constexpr,
-    HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, HAS_DC: tl.constexpr, HAS_PERM: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One launch for both gradient GEMMs of a chunk: programs [0, num_dc_programs) do dC (the longer
     reduction, so they start first), the rest dE. Without HAS_DC (dC done elsewhere) it needs fewer registers."""
@@ -209,26 +204,24 @@ def _grad_gemm_kernel(
         )
     else:
         _de_tile(
-            pid - num_dc_programs, DZ, C, PERM, ACC, ACC_LO, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz,
-            stride_cv, stride_cd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, SPLIT_ACC,
-            HAS_PERM, DOT_UPCAST, DOT_PRECISION,
+            pid - num_dc_programs, DZ, C, PERM, ACC, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz, stride_cv,
+            stride_cd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, HAS_PERM, DOT_UPCAST,
+            DOT_PRECISION,
         )
 
 
 @triton.jit
 def _finalize_de_kernel(
-    ACC, ACC_LO, DE, C, Y, A, UB, CMEAN, N, D, stride_cv, stride_cd,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_ACC: tl.constexpr, HAS_UNIFORM: tl.constexpr,
+    ACC, DE, C, Y, A, UB, CMEAN, N, D, stride_cv, stride_cd,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_UNIFORM: tl.constexpr,
 ):
-    """dE_i = acc_i + a_i C_{y_i} - beta g_i mean_v C_v, in dE's dtype (ACC, ACC_LO, DE contiguous; DE may be ACC)."""
+    """dE_i = acc_i + a_i C_{y_i} - beta g_i mean_v C_v, in dE's dtype (ACC float32, DE contiguous; DE may be ACC)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ds = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     r_ok = rows < N
     ok = r_ok[:, None] & (ds < D)[None, :]
     offs = rows.to(tl.int64)[:, None] * D + ds[None, :]
-    x = tl.load(ACC + offs, mask=ok, other=0.0).to(tl.float32)
-    if SPLIT_ACC:
-        x += tl.load(ACC_LO + offs, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(ACC + offs, mask=ok, other=0.0)
     a = tl.load(A + rows, mask=r_ok, other=0.0)
     y = tl.maximum(tl.load(Y + rows, mask=r_ok, other=0), 0).to(tl.int64)
     c_y = tl.load(C + y[:, None] * stride_cv + ds[None, :] * stride_cd, mask=ok, other=0.0)
@@ -354,19 +347,13 @@ def triton_backward(
     valid = targets != ignore_index
     y = torch.where(valid, targets, -1)
     g = torch.where(valid, grad_loss.float(), 0.0)
-    gmax = g.abs().amax() if n > 0 else g.new_zeros(())
-    gscale = torch.where(gmax > 0, gmax, 1.0).reshape(1)  # dZ is stored as dz * g / gscale, in [-1, 1]
+    gscale = _gradient_scale(g, hidden.dtype)
     a = g * (beta - rest_prob)  # g (p_y - (1 - beta))
     if softcap is not None:
         a = a * (1.0 - (z_y / softcap) ** 2)
     a = torch.where(valid, a, 0.0)
 
-    split_acc = hidden.dtype == torch.bfloat16
-    d_hidden, acc_lo = None, None
-    if need_hidden_grad:
-        acc_dtype = hidden.dtype if split_acc or hidden.dtype == torch.float32 else torch.float32
-        d_hidden = torch.zeros((n, d), dtype=acc_dtype, device=dev)
-        acc_lo = torch.zeros_like(d_hidden) if split_acc else d_hidden
+    d_hidden = torch.zeros((n, d), dtype=torch.float32, device=dev) if need_hidden_grad else None
     d_weight = None
     if need_weight_grad and rank_one_uniform:
         d_weight = (-(beta / vocab) * weighted_colsum(hidden, g)).to(weight.dtype).expand(vocab, d).contiguous()
@@ -374,8 +361,8 @@ def triton_backward(
         d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     if n > 0:
         _softmax_part(
-            hidden, weight, y, lse, g, gscale, tile_max, tile_log_mass, order, d_weight, d_hidden, acc_lo, beta,
-            softcap, filter,
+            hidden, weight, y, lse, g, gscale, tile_max, tile_log_mass, order, d_weight, d_hidden, beta, softcap,
+            filter,
         )
     if d_hidden is not None:
         cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
@@ -384,8 +371,8 @@ def triton_backward(
             out = torch.empty((n, d), dtype=hidden.dtype, device=dev)
         if n > 0:
             _finalize_de_kernel[(triton.cdiv(n, 32), triton.cdiv(d, 128))](
-                d_hidden, acc_lo, out, weight, y, a, beta * g, cmean, n, d, *weight.stride(),
-                BLOCK_R=32, BLOCK_D=128, SPLIT_ACC=split_acc, HAS_UNIFORM=rank_one_uniform,
+                d_hidden, out, weight, y, a, beta * g, cmean, n, d, *weight.stride(),
+                BLOCK_R=32, BLOCK_D=128, HAS_UNIFORM=rank_one_uniform,
             )
         d_hidden = out
     if d_weight is not None and n > 0:
@@ -398,15 +385,45 @@ def triton_backward(
     return d_hidden, d_weight
 
 
+def _gradient_scale(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(1,) float32 divisor of g in dZ: max |g| for float16 (dz g / max|g| in [-1, 1] stays in its range; one host
+    sync, for cuBLAS's alpha), 1 otherwise (bfloat16 and float32 hold dz g as it is)."""
+    if dtype != torch.float16 or g.numel() == 0:
+        return torch.ones(1, dtype=torch.float32, device=g.device)
+    gmax = g.abs().amax()
+    return torch.where(gmax > 0, gmax, 1.0).reshape(1)
+
+
+def _accumulate_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> None:
+    """acc += alpha a @ b, acc float32, a and b 16- or 32-bit: cuBLAS accumulates in float32 and adds to acc in
+    place (on the CPU, under the interpreter: an upcast copy of the operands)."""
+    if a.dtype == torch.float32:
+        acc.addmm_(a, b, alpha=alpha)
+    elif acc.is_cuda:
+        torch.addmm(acc, a, b, alpha=alpha, out_dtype=torch.float32, out=acc)
+    else:
+        acc.addmm_(a.float(), b.float(), alpha=alpha)
+
+
+def chunk_shape(row_blocks: int, num_vtiles: int, d: int, n: int, itemsize: int, has_acc: bool) -> tuple[int, int]:
+    """(chunk rows, chunk vocabulary) of the dZ chunk: TILES.chunk_vocab wide (at most the vocabulary), as many
+    whole row blocks as TILES.dz_elements and TILES.extra_bytes less the float32 dE accumulator allow (at least one)."""
+    ft, bt = forward.TILES, TILES
+    chunk_vocab = min(bt.chunk_vocab, num_vtiles * ft.block_v)
+    acc_bytes = 4 * n * d if has_acc and itemsize != 4 else 0
+    elements = min(bt.dz_elements, (bt.extra_bytes - acc_bytes) // itemsize)
+    return min(row_blocks, max(1, elements // (chunk_vocab * ft.block_n))) * ft.block_n, chunk_vocab
+
+
 def _softmax_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
     gscale: torch.Tensor, tile_max: torch.Tensor, tile_log_mass: torch.Tensor, order: torch.Tensor,
-    d_weight: torch.Tensor | None, acc: torch.Tensor | None, acc_lo: torch.Tensor | None, beta: float,
-    softcap: float | None, filter: str,
+    d_weight: torch.Tensor | None, acc: torch.Tensor | None, beta: float, softcap: float | None, filter: str,
 ) -> None:
-    """dC += (softmax part)^T E and acc += (softmax part) C, chunk by chunk of rows and vocabulary positions
-    (vocabulary entry order[j] at position j when order is not empty). Chunks without an active tile are
-    skipped; fully active ones run the unmasked kernels, and cuBLAS for dC."""
+    """dC += (softmax part)^T E and acc += (softmax part) C (acc float32), chunk by chunk of rows and vocabulary
+    positions (vocabulary entry order[j] at position j when order is not empty). Chunks without an active tile are
+    skipped; those with at least TILES.cublas_min_active of their tiles active run cuBLAS (skipped tiles zeroed),
+    the others a Triton GEMM that skips their inactive tiles."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     ft, bt = forward.TILES, TILES
@@ -420,17 +437,16 @@ def _softmax_part(
     active_cpu = active.cpu().numpy()
     active_i8 = active.to(torch.int8)
     row_blocks, num_vtiles = tile_max.shape
-    chunk_vocab = min(bt.chunk_vocab, num_vtiles * ft.block_v)
-    chunk_rows = min(row_blocks, max(1, bt.dz_elements // (chunk_vocab * ft.block_n))) * ft.block_n
+    chunk_rows, chunk_vocab = chunk_shape(row_blocks, num_vtiles, d, n, hidden.element_size(), acc is not None)
     dz = torch.empty(chunk_rows, chunk_vocab, dtype=hidden.dtype, device=hidden.device)
     has_perm = order.numel() > 0
     perm = order if has_perm else y  # y: an unused pointer otherwise
     flags = dot_flags(hidden.dtype)
     d_tiles = triton.cdiv(d, bt.gemm_d)
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
-    use_cublas = d_weight is not None and bt.dense_dc_cublas
-    e_rows = hidden if hidden.stride(1) == 1 else hidden.contiguous()  # a cuBLAS operand
-    gscale_value = float(gscale) if use_cublas else 1.0
+    e_rows = hidden if hidden.stride(1) == 1 else hidden.contiguous()  # cuBLAS operands
+    c_rows = weight if weight.stride(1) == 1 else weight.contiguous()
+    alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # the only float16 host sync
     for r0 in range(0, n, chunk_rows):
         nr = min(chunk_rows, n - r0)
         rb0, rb1 = r0 // ft.block_n, triton.cdiv(r0 + nr, ft.block_n)
@@ -438,34 +454,40 @@ def _softmax_part(
             vc = min(chunk_vocab, vocab - c0)
             vt0, vt1 = c0 // ft.block_v, triton.cdiv(c0 + vc, ft.block_v)
             block = active_cpu[rb0:rb1, vt0:vt1]
-            if not block.any():
+            share = block.mean()
+            if share == 0.0:
                 continue
-            masked = not block.all()
+            masked = share < 1.0
+            cublas = share >= bt.cublas_min_active
             _dz_kernel[((rb1 - rb0) * (vt1 - vt0),)](
                 hidden, weight, y, perm, lse, g, gscale, active_i8, dz,
                 n, vocab, d, r0, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
                 beta / vocab, softcap or 1.0,
                 BLOCK_N=ft.block_n, BLOCK_V=ft.block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
-                MASKED=masked, HAS_SOFTCAP=softcap is not None, DENSE_UNIFORM=dense_uniform, HAS_PERM=has_perm,
-                num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
+                MASKED=masked, ZERO_SKIPPED=cublas, HAS_SOFTCAP=softcap is not None, DENSE_UNIFORM=dense_uniform,
+                HAS_PERM=has_perm, num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
             )
-            cublas_dc = use_cublas and not masked
-            if cublas_dc and not has_perm:  # d_weight holds u plus earlier row chunks: one rounding per row chunk
-                d_weight[c0 : c0 + vc].addmm_(dz[:nr, :vc].T, e_rows[r0 : r0 + nr], alpha=gscale_value)
-            elif cublas_dc:  # the chunk's rows gathered, updated with one rounding, scattered back
-                rows = order[c0 : c0 + vc]
-                part = d_weight.index_select(0, rows)
-                d_weight.index_copy_(0, rows, part.addmm_(dz[:nr, :vc].T, e_rows[r0 : r0 + nr], alpha=gscale_value))
-            n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None and not cublas_dc else 0
+            if cublas:
+                dz_chunk = dz[:nr, :vc]
+                ids = order[c0 : c0 + vc] if has_perm else None
+                if d_weight is not None and ids is None:  # d_weight holds u and earlier row chunks: one rounding
+                    d_weight[c0 : c0 + vc].addmm_(dz_chunk.T, e_rows[r0 : r0 + nr], alpha=alpha)
+                elif d_weight is not None:  # the chunk's rows gathered, updated with one rounding, scattered back
+                    part = d_weight.index_select(0, ids).addmm_(dz_chunk.T, e_rows[r0 : r0 + nr], alpha=alpha)
+                    d_weight.index_copy_(0, ids, part)
+                if acc is not None:
+                    c_chunk = c_rows[c0 : c0 + vc] if ids is None else c_rows.index_select(0, ids)
+                    _accumulate_f32(acc[r0 : r0 + nr], dz_chunk, c_chunk, alpha)
+                continue
+            n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None else 0
             n_de = triton.cdiv(nr, bt.gemm_m) * d_tiles if acc is not None else 0
             if n_dc + n_de == 0:
                 continue
             _grad_gemm_kernel[(n_dc + n_de,)](
-                dz, hidden, weight, dc[0], acc if acc is not None else dz, acc_lo if acc_lo is not None else dz,
-                perm, active_i8, gscale,
+                dz, hidden, weight, dc[0], acc if acc is not None else dz, perm, active_i8, gscale,
                 n, vocab, d, r0, nr, c0, vc, dz.stride(0), *hidden.stride(), *weight.stride(), *dc[1:],
                 num_vtiles, n_dc,
                 BLOCK_M=bt.gemm_m, BLOCK_D=bt.gemm_d, BLOCK_K=bt.gemm_k, MASK_N=ft.block_n, MASK_V=ft.block_v,
-                MASKED=masked, SPLIT_ACC=acc is not None and acc is not acc_lo, HAS_DC=n_dc > 0, HAS_PERM=has_perm,
+                MASKED=masked, HAS_DC=n_dc > 0, HAS_PERM=has_perm,
                 num_warps=bt.gemm_warps, num_stages=bt.gemm_stages, **flags,
             )

@@ -66,11 +66,11 @@ def test_moderate_shape(dtype: torch.dtype, beta: float, softcap: float | None, 
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
-@pytest.mark.parametrize("dense_dc_cublas", [True, False])
-def test_mixed_filtering(dense_dc_cublas: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Peaked rows and one flat row block: vocabulary chunks are skipped, partly active (masked kernels) or
-    dense (dC by cuBLAS or by the Triton GEMM)."""
-    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dense_dc_cublas=dense_dc_cublas))
+@pytest.mark.parametrize("cublas_min_active", [0.0, 0.5, float("inf")])
+def test_mixed_filtering(cublas_min_active: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peaked rows and one flat row block: vocabulary chunks are skipped, partly active or dense; their GEMMs run
+    in cuBLAS (skipped tiles zeroed, dE accumulated in float32) or in the Triton GEMMs (masked or not)."""
+    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(cublas_min_active=cublas_min_active))
     hidden, weight, targets = make_case(1000, 50000, 512, torch.bfloat16, peaked=True, ignore_frac=0.1, device="cuda")
     hidden[128:256] *= 0.05
     kw = dict(label_smoothing=0.1)

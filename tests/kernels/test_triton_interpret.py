@@ -75,9 +75,13 @@ def test_matches_reference(dtype: torch.dtype, beta: float, reduction: str) -> N
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
-def test_dense_chunks_with_the_triton_dc_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
-    tiles = backward.BackwardTiles(dz_elements=256 * 512, chunk_vocab=512, dense_dc_cublas=False)
-    monkeypatch.setattr(backward, "TILES", tiles)
+def _small_chunks(cublas_min_active: float) -> backward.BackwardTiles:
+    return backward.BackwardTiles(dz_elements=256 * 512, chunk_vocab=512, cublas_min_active=cublas_min_active)
+
+
+def test_dense_chunks_with_the_triton_gemms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cublas_min_active = inf: dense chunks through the Triton dC / dE GEMMs, not cuBLAS."""
+    monkeypatch.setattr(backward, "TILES", _small_chunks(float("inf")))
     hidden, weight, targets = make_case(N, V, D, torch.bfloat16, ignore_frac=0.2, seed=4)
     kw = dict(label_smoothing=0.1)
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
@@ -100,10 +104,15 @@ def _peaked_mixed(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch
     return hidden, weight, targets
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.1])
-def test_filtering_skips_blocks_and_stays_within_bound(beta: float, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("beta", "cublas_min_active"), [(0.0, 0.5), (0.1, 0.5), (0.1, 0.0), (0.1, float("inf"))])
+def test_filtering_skips_blocks_and_stays_within_bound(
+    beta: float, cublas_min_active: float, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Filtered vs unfiltered gradients differ by at most the filter's bound plus one bf16 ulp:
-    |dE_i| change <= FILTER_MASS g_i max|C|, |dC_v| change <= FILTER_MASS / V sum_i g_i max|E|."""
+    |dE_i| change <= FILTER_MASS g_i max|C|, |dC_v| change <= FILTER_MASS / V sum_i g_i max|E|. Partly active
+    chunks go through cuBLAS with zeroed skipped tiles (cublas_min_active 0), the masked Triton GEMMs (inf), or by
+    their share (0.5)."""
+    monkeypatch.setattr(backward, "TILES", _small_chunks(cublas_min_active))
     dtype = torch.bfloat16
     hidden, weight, targets = _peaked_mixed(dtype)
     _, lse, _, _, (_, _, _, tile_max, _, _) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
@@ -149,11 +158,13 @@ def _loose_case(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return hidden, weight, targets
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.1])
-def test_loose_filter(beta: float) -> None:
+@pytest.mark.parametrize(("beta", "cublas_min_active"), [(0.0, 0.5), (0.1, 0.5), (0.1, 0.0)])
+def test_loose_filter(beta: float, cublas_min_active: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """The forward sorts the vocabulary by mean logit; the kernel computes exactly the gradient with the skipped
     tiles' softmax part removed (the target and label-smoothing parts kept), the rule drops at most LOOSE_MASS
-    per token, and the result meets the loose tolerance against the unfiltered float64 truth."""
+    per token, and the result meets the loose tolerance against the unfiltered float64 truth (cublas_min_active 0:
+    partly active chunks by cuBLAS on gathered rows of C and dC)."""
+    monkeypatch.setattr(backward, "TILES", _small_chunks(cublas_min_active))
     dtype = torch.bfloat16
     hidden, weight, targets = _loose_case(dtype)
     _, lse, _, _, (_, _, _, tile_max, log_mass, order) = forward.triton_forward(
