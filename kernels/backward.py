@@ -454,7 +454,7 @@ def _softmax_part(
             vc = min(chunk_vocab, vocab - c0)
             vt0, vt1 = c0 // ft.block_v, triton.cdiv(c0 + vc, ft.block_v)
             block = active_cpu[rb0:rb1, vt0:vt1]
-            share = block.mean()
+            share = float(block.mean())
             if share == 0.0:
                 continue
             masked = share < 1.0
