@@ -25,12 +25,10 @@ from calibration.cli import fail
 from calibration.records import SCHEMA, SCHEMA_VERSION, ats_split, build_records
 from calibration.scoring import score_prompts, score_prompts_with_ats
 from calibration.summary import ats_metrics, fit_temperatures, summarize
-from calibration.task_config import TaskConfig, load_prompts, resolve_task, with_split
+from calibration.task_config import DEFAULT_TASKS, TaskConfig, load_prompts, resolve_task, with_split
 
 if TYPE_CHECKING:
     from calibration.ats.head import TemperatureHead
-
-DEFAULT_TASKS = ("mmlu", "arc_easy", "hellaswag")
 
 
 @dataclass
@@ -114,7 +112,7 @@ def git_revision() -> str:
 def apply_overrides(configs: list[TaskConfig], overrides: Sequence[str]) -> list[TaskConfig]:
     """``TASK.FIELD=VALUE`` edits (``k_shot`` int, ``subjects`` comma list, ``none`` for None); all errors at once."""
     by_name = {c.name: c for c in configs}
-    fields = {f.name for f in dataclasses.fields(TaskConfig)} - {"name", "dataset", "prompt_format"}
+    fields = {f.name for f in dataclasses.fields(TaskConfig)} - {"name", "dataset", "prompt_format", "title"}
     edits: dict[str, dict[str, Any]] = {}
     problems = []
     for item in overrides:

@@ -8,6 +8,8 @@ and ``mean_confidence_norm`` are always those of softmax(``loglik_norm``).
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 import pyarrow as pa
 
@@ -18,8 +20,28 @@ from calibration.records import ats_split, task_arrays
 from calibration.temperature import fit_temperature
 
 SCORES = ("loglik", "loglik_norm")
+# task_metrics entries that temperature scaling and ATS change: each has a *_ts and a *_ats twin
+SCALED = ("accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "mean_confidence")
 # task_metrics entries that temperature scaling leaves alone (no *_ts twin)
 NOT_SCALED = ("accuracy_norm", "ece_norm", "rms_ce_norm", "mean_confidence_norm", "n_questions")
+# every metric a task's summary can hold (T: the fitted temperature): the one list that the store's columns, the
+# sweep config's objectives and the trial row builder read; a metric is added here and in task_metrics
+TASK_METRICS = (SCALED + NOT_SCALED + ("temperature",) + tuple(f"{m}_ts" for m in SCALED)
+                + tuple(f"{m}_ats" for m in SCALED))
+
+
+def metric_columns(tasks: Iterable[str]) -> tuple[str, ...]:
+    """``<task>_<metric>`` of each task and each of ``TASK_METRICS``: what a trial reports and the store keeps."""
+    return tuple(f"{task}_{metric}" for task in tasks for metric in TASK_METRICS)
+
+
+def flat_metrics(summary: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``{task: {metric: value}}`` as ``{<task>_<metric>: value}``; a metric outside ``TASK_METRICS`` is a ValueError
+    (the store has no column for it)."""
+    unknown = sorted({name for metrics in summary.values() for name in metrics} - set(TASK_METRICS))
+    if unknown:
+        raise ValueError(f"expected task metrics in calibration.summary.TASK_METRICS, got unknown {unknown}")
+    return {f"{task}_{name}": float(value) for task, metrics in summary.items() for name, value in metrics.items()}
 
 
 def task_metrics(loglik: np.ndarray, loglik_norm: np.ndarray, gold: np.ndarray, *, n_bins: int = 15,

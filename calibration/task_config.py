@@ -2,6 +2,10 @@
 
 Defaults follow lm-evaluation-harness: MMLU 5-shot from dev (first five per subject), ARC-Easy and HellaSwag
 zero-shot. ``fit_split`` is the held-out split temperature scaling is fitted on (None: no held-out split).
+
+``TASKS`` is the one place a task is declared: a sweep config accepts its name (``eval.tasks``), the results store
+has its metric columns (``sweeps.store.trial_schema``), the console and the analysis show it. A new
+multiple-choice task over a loaded dataset is one entry here.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ class TaskConfig:
     k_shot: int = 0
     fit_split: str | None = None  # held-out split for temperature scaling
     subjects: tuple[str, ...] | None = None  # MMLU subset; None = all 57
+    title: str = ""  # how tables and figures name it; "" = name
 
     def __post_init__(self) -> None:
+        if not self.title:
+            object.__setattr__(self, "title", self.name)  # frozen: the one write, at construction
         problems = []
         if self.dataset not in LOADERS:
             problems.append(f"dataset in {sorted(LOADERS)}, got {self.dataset!r}")
@@ -40,14 +47,17 @@ class TaskConfig:
             raise ValueError(f"task {self.name!r}: expected " + "; expected ".join(problems))
 
 
-TASKS: dict[str, TaskConfig] = {
-    "mmlu": TaskConfig("mmlu", "mmlu", "mmlu", split="test", fewshot_split="dev", k_shot=5, fit_split="val"),
+TASKS: dict[str, TaskConfig] = {  # in the order tables show them (the paper's Table 1: MMLU, HellaSwag, ARC-Easy)
+    "mmlu": TaskConfig("mmlu", "mmlu", "mmlu", split="test", fewshot_split="dev", k_shot=5, fit_split="val",
+                       title="MMLU"),
+    "hellaswag": TaskConfig("hellaswag", "hellaswag", "hellaswag", split="val", fewshot_split="train",
+                            title="HellaSwag"),
     "arc_easy": TaskConfig("arc_easy", "arc_easy", "arc_cloze", split="test", fewshot_split="train",
-                           fit_split="dev"),
+                           fit_split="dev", title="ARC-Easy"),
     "arc_easy_lettered": TaskConfig("arc_easy_lettered", "arc_easy", "arc_lettered", split="test",
-                                    fewshot_split="train", fit_split="dev"),
-    "hellaswag": TaskConfig("hellaswag", "hellaswag", "hellaswag", split="val", fewshot_split="train"),
+                                    fewshot_split="train", fit_split="dev", title="ARC-Easy (lettered)"),
 }
+DEFAULT_TASKS = ("mmlu", "arc_easy", "hellaswag")  # what a trial and the evaluate CLI score unless told, in this order
 
 
 def resolve_task(task: str | TaskConfig) -> TaskConfig:

@@ -241,9 +241,9 @@ def _check_sweep(config: SweepConfig) -> list[str]:
 
 def _check_objectives(objectives: dict[str, str], evaluation: EvalConfig) -> list[str]:
     """The study's objectives must be metrics a trial's final report carries (else the study learns nothing)."""
-    from sweeps.store import TASK_METRICS
+    from calibration.summary import metric_columns
 
-    known = [f"{task}_{metric}" for task in evaluation.tasks for metric in TASK_METRICS] + list(FINAL_METRICS)
+    known = list(metric_columns(evaluation.tasks)) + list(FINAL_METRICS)
     return [f"search.objectives: {name!r} is no metric a trial reports{suggest(str(name), known)}; expected "
             f"<task>_<metric> of eval.tasks (e.g. {known[1]}) or one of {list(FINAL_METRICS)}"
             for name in objectives if name not in known]

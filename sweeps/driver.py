@@ -17,6 +17,7 @@ import re
 import socket
 from typing import Any
 
+from calibration.summary import metric_columns
 from sweeps import checkpoints, fingerprint, store
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
 from trainable.config import TrialConfig
@@ -49,7 +50,8 @@ def one_line(error: BaseException) -> str:
 
 def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any], status: str,
               error: str | None, started: dt.datetime, provenance: dict[str, str]) -> dict[str, Any]:
-    """One row of ``store.TRIAL_SCHEMA`` for a finished (or failed) trial."""
+    """One row of ``store.trial_schema()`` for a finished (or failed) trial; a reported ``<task>_<metric>`` of one of
+    the trial's tasks whose metric is not in ``calibration.summary.TASK_METRICS`` is a ValueError."""
     trial = sweep.trial(sweep.point(params))
     row: dict[str, Any] = {
         "run_name": sweep.name, "trial_id": trial.trial_id, "status": status, "error": error,
@@ -61,7 +63,11 @@ def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any
         "started_at": started, "finished_at": _now(), "hostname": socket.gethostname(), **provenance,
     }
     row.update({key: metrics.get(key) for key in ROW_KEYS_FROM_METRICS})
-    row.update({name: metrics[name] for name in store.METRIC_COLUMNS if name in metrics})
+    reported = {name for name in metrics if name.startswith(tuple(f"{task}_" for task in trial.eval.tasks))}
+    unknown = sorted(reported - set(metric_columns(trial.eval.tasks)))
+    if unknown:  # a metric the store has no column for fails the trial rather than vanish from its row
+        raise ValueError(f"expected <task>_<metric> with metric in calibration.summary.TASK_METRICS, got {unknown}")
+    row.update({name: metrics[name] for name in reported})
     return row
 
 
@@ -138,9 +144,9 @@ def trial_driver(params: dict[str, Any]) -> None:
     )
     try:
         result = trainer.fit()
+        row = trial_row(sweep, params, result.metrics or {}, "ok", None, started, params["provenance"])
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, then surfaced to Tune
         store.write_trial(sweep.results_dir, trial_row(sweep, params, {}, "failed", one_line(exc), started,
                                                         params["provenance"]))
         raise
-    store.write_trial(sweep.results_dir, trial_row(sweep, params, result.metrics or {}, "ok", None, started,
-                                                    params["provenance"]))
+    store.write_trial(sweep.results_dir, row)

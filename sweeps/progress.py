@@ -8,8 +8,6 @@ from typing import Any
 
 from ray.tune import Callback
 
-TASKS = ("mmlu", "arc_easy", "hellaswag")
-
 
 def sweep_eta(elapsed: dict[str, float], fractions: dict[str, float | None], durations: list[float],
               pending: int, concurrency: int) -> float | None:
@@ -108,7 +106,7 @@ class TrialProgress(Callback):
         parts = [f"{'done' if 'train_steps' in result else 'stopped early'} {trial} in {seconds:.0f} s",
                  f"loss {_losses(result)}"]
         parts += [f"{task} acc {result[f'{task}_accuracy']:.3f} ece {result[f'{task}_ece']:.3f}"
-                  for task in TASKS if f"{task}_accuracy" in result]
+                  for task in self.sweep.eval.tasks if f"{task}_accuracy" in result]
         self._say("  ".join(parts + [f"sweep ETA {self._eta(time.time())}"]))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:

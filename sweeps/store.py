@@ -1,6 +1,6 @@
 """The results store: two Parquet datasets under one root (a local path or any pyarrow.fs URI, e.g. s3://).
 
-    <root>/trials/<run>__<trial_id>.parquet      one row per trial (TRIAL_SCHEMA)
+    <root>/trials/<run>__<trial_id>.parquet      one row per trial (trial_schema())
     <root>/questions/<run>__<trial_id>.parquet   one row per scored question (QUESTION_SCHEMA)
     <root>/models/<run>__<trial_id>/             the trained model as a Hugging Face folder (train.save_model)
 
@@ -26,19 +26,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from calibration import records as calibration_records
+from calibration import summary
 from calibration.entropy_floor import STATS as ENTROPY_COLUMNS
+from calibration.task_config import TASKS
 
 SCHEMA_VERSION = 1
-TASKS = ("mmlu", "arc_easy", "hellaswag")
-_SCALED = ("accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "mean_confidence")
-# calibration.summary.task_metrics names; *_ts: after temperature scaling fitted on the held-out split
-# *_norm: of the length-normalised choice distribution (lm-eval's acc_norm); columns added after schema version 1
-# was first written, so older files read them as null; *_ats: scored again with an ATS head (eval.ats), added
-# later too (null in older files and in trials without ATS)
-TASK_METRICS = _SCALED + ("accuracy_norm", "ece_norm", "rms_ce_norm", "mean_confidence_norm", "n_questions",
-                          "temperature") + tuple(f"{m}_ts" for m in _SCALED) + tuple(f"{m}_ats" for m in _SCALED)
-
-METRIC_COLUMNS = tuple(f"{task}_{metric}" for task in TASKS for metric in TASK_METRICS)
 
 _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("schema_version", pa.int32()),
@@ -80,10 +72,23 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("git_rev", pa.string()),
     pa.field("hostname", pa.string()),
     pa.field("model_path", pa.string()),  # the trained model's Hugging Face folder (train.save_model), else null
-] + [pa.field(name, pa.float64()) for name in METRIC_COLUMNS] + [
-    pa.field(name, pa.float64()) for name in ENTROPY_COLUMNS]  # the eq. 14 floor's inputs; null in older files
+]
 
-TRIAL_SCHEMA = pa.schema(_TRIAL_FIELDS, metadata={"calsweep_schema_version": str(SCHEMA_VERSION)})
+
+def metric_columns() -> tuple[str, ...]:
+    """``<task>_<metric>`` of every registered task (``calibration.task_config.TASKS``) and metric
+    (``calibration.summary.TASK_METRICS``). Columns of a task or metric added after schema version 1 was first
+    written (the *_norm and *_ats metrics, arc_easy_lettered) read as null in older files."""
+    return summary.metric_columns(TASKS)
+
+
+def trial_schema() -> pa.Schema:
+    """One row per trial: the trial's config and outcome, its metric columns (``metric_columns``), then the eq. 14
+    floor's inputs (null in older files). Built from the registries when called, so a task registered at run time
+    has its columns."""
+    fields = _TRIAL_FIELDS + [pa.field(name, pa.float64()) for name in metric_columns() + ENTROPY_COLUMNS]
+    return pa.schema(fields, metadata={"calsweep_schema_version": str(SCHEMA_VERSION)})
+
 
 QUESTION_SCHEMA = pa.schema([
     pa.field("schema_version", pa.int32()),
@@ -119,12 +124,13 @@ def file_stem(run_name: str, trial_id: str) -> str:
 
 def write_trial(root: str, row: dict[str, Any]) -> str:
     """Write one trial row (missing columns become null; unknown keys are an error)."""
-    unknown = sorted(set(row) - set(TRIAL_SCHEMA.names))
+    schema = trial_schema()
+    unknown = sorted(set(row) - set(schema.names))
     if unknown:
-        raise ValueError(f"expected trial columns from TRIAL_SCHEMA, got unknown {unknown}")
-    full = {name: [row.get(name)] for name in TRIAL_SCHEMA.names}
+        raise ValueError(f"expected trial columns from trial_schema(), got unknown {unknown}")
+    full = {name: [row.get(name)] for name in schema.names}
     full["schema_version"] = [SCHEMA_VERSION]
-    table = pa.Table.from_pydict(full, schema=TRIAL_SCHEMA)
+    table = pa.Table.from_pydict(full, schema=schema)
     return _atomic_write(table, root, "trials", file_stem(row["run_name"], row["trial_id"]))
 
 
@@ -174,7 +180,7 @@ def _read(root: str, table_name: str, schema: pa.Schema, run_name: str | None) -
 
 def read_trials(root: str, run_name: str | None = None) -> pa.Table:
     """All trial rows under ``root`` (optionally of one run)."""
-    return _read(root, "trials", TRIAL_SCHEMA, run_name)
+    return _read(root, "trials", trial_schema(), run_name)
 
 
 def read_questions(root: str, run_name: str | None = None) -> pa.Table:

@@ -16,6 +16,7 @@ from typing import Any
 
 from kernels.api import FILTERS
 from calibration.ats.config import ATSConfig
+from calibration.task_config import DEFAULT_TASKS, TASKS
 
 
 class ConfigError(ValueError):
@@ -104,7 +105,7 @@ class TrainConfig:
 class EvalConfig:
     """Calibration scoring after training."""
 
-    tasks: tuple[str, ...] = ("mmlu", "arc_easy", "hellaswag")  # [] trains without scoring (benchmarks)
+    tasks: tuple[str, ...] = DEFAULT_TASKS  # names in calibration.task_config.TASKS; [] trains without scoring
     limit: int | None = None  # first K questions of each task; None = all
     batch_size: int = 8  # rows per forward, at most
     batch_tokens: int | None = None  # padded row tokens (rows x width) per forward, at most; None: no cap
@@ -113,7 +114,6 @@ class EvalConfig:
     ats: ATSConfig = field(default_factory=ATSConfig)  # enabled: train an ATS head after SFT, report *_ats metrics
 
 
-KNOWN_TASKS = ("mmlu", "arc_easy", "hellaswag")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 SCHEDULES = ("cosine", "linear", "constant")
 
@@ -279,10 +279,9 @@ def _check_sft(c: SFTConfig) -> list[str]:
 def _check_eval(c: EvalConfig) -> list[str]:
     problems = _positive("limit", c.limit, allow_none=True) + _positive("batch_size", c.batch_size)
     problems += _positive("batch_tokens", c.batch_tokens, allow_none=True) + _positive("n_bins", c.n_bins)
-    unknown = [t for t in c.tasks if t not in KNOWN_TASKS]
+    unknown = [t for t in c.tasks if not isinstance(t, str) or t not in TASKS]
     if unknown:
-        problems.append(f"tasks: expected a subset of {list(KNOWN_TASKS)}, got {unknown!r}"
-                        f"{suggest(str(unknown[0]), KNOWN_TASKS)}")
+        problems.append(f"tasks: expected a subset of {list(TASKS)}, got {unknown!r}{suggest(str(unknown[0]), TASKS)}")
     return problems
 
 

@@ -22,6 +22,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from calibration.summary import flat_metrics
+from calibration.task_config import TASKS
 from trainable import checkpointing
 from trainable.ats import trial_ats_head
 from trainable.attention_check import AttentionChoice, choose_attention
@@ -70,14 +72,14 @@ def validation_loss(engine, examples: list[dict], micro_batch_size: int, pad_tok
 class LiveMetrics:
     """Ray metrics gauges (tagged by trial) for the dashboard's Metrics view: loss, tokens/s, confidence, ECE."""
 
-    NAMES = ("train_loss", "val_loss", "tokens_per_s", "confidence", "mmlu_ece", "arc_easy_ece", "hellaswag_ece")
+    NAMES = ("train_loss", "val_loss", "tokens_per_s", "confidence")  # and <task>_ece of every registered task
 
     def __init__(self, trial_id: str):
         from ray.util.metrics import Gauge
 
         self.tags = {"trial_id": trial_id}
         self.gauges = {name: Gauge(f"calsweep_{name}", description=f"calsweep trial {name}", tag_keys=("trial_id",))
-                       for name in self.NAMES}
+                       for name in self.NAMES + tuple(f"{task}_ece" for task in TASKS)}
 
     def set(self, metrics: dict[str, Any]) -> None:
         for name, gauge in self.gauges.items():
@@ -260,8 +262,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         "wall_load_s": load_s, "wall_train_s": train_s, "wall_eval_s": eval_s,
         "wall_total_s": time.time() - started, "model_path": model_path, **compile_cache_counts(), **floor,
     }
-    for task, metrics in summary.items():
-        final.update({f"{task}_{name}": float(value) for name, value in metrics.items()})
+    final.update(flat_metrics(summary))
     if report_checkpoint is None:
         report(final)
     elif rank != 0:

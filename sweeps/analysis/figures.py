@@ -20,7 +20,7 @@ from calibration.entropy_bound import normalised_entropy_gap  # noqa: E402
 from calibration.rank_entropy_bound import rank_entropy_gap as rank_gap  # noqa: E402
 from calibration.reliability import HEIGHTS, SIZE, draw_reliability  # noqa: E402
 from sweeps.analysis.questions import CellQuestions  # noqa: E402
-from sweeps.analysis.tables import TASK_NAMES  # noqa: E402
+from sweeps.analysis.tables import task_title  # noqa: E402
 
 REFERENCE_VOCABS = (32_000, 128_256, 262_144)  # Llama-2 / Mistral, Llama-3, Gemma-3
 HIDDEN_RANGE = (8, 16_384)
@@ -31,7 +31,7 @@ def _per_task(tasks: tuple[str, ...], title: str) -> tuple[plt.Figure, list[plt.
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
     fig.suptitle(title, fontsize="medium")
     for ax, task in zip(axes[0], tasks):
-        ax.set_title(TASK_NAMES[task])
+        ax.set_title(task_title(task))
     return fig, list(axes[0])
 
 

@@ -31,7 +31,6 @@ from calibration.summary import SCORES
 from calibration.task_config import TASKS as TASK_CONFIGS
 from sweeps import store
 
-PAPER_TASKS = ("mmlu", "hellaswag", "arc_easy")  # the order of the paper's Table 1
 FILTER_COLUMNS = {"run": "run_name", "dataset": "sft_dataset", "family": "family", "task": None}
 QUESTION_COLUMNS = ["trial", "seed", "task", "question_id", "gold", "scores", "confidence", "correct"]
 DEFAULT_N_BINS = 15  # EvalConfig.n_bins when a row has no config_json
@@ -45,7 +44,7 @@ class Results:
     trials: pd.DataFrame  # one row per ok trial (TRIAL_SCHEMA columns + ``trial``)
     questions: pd.DataFrame  # QUESTION_COLUMNS, each task's reported split only
     heldout: pd.DataFrame  # QUESTION_COLUMNS, each task's held-out (temperature-fitting) split
-    tasks: tuple[str, ...]  # in PAPER_TASKS order
+    tasks: tuple[str, ...]  # in the registry's order (calibration.task_config.TASKS), the tables' order
     n_bins: int  # the sweep's eval.n_bins, for ECE recomputed from questions
     notes: list[str] = field(default_factory=list)  # what was left out and why
     score: str = "loglik"  # the choice distribution of every metric (SCORES)
@@ -61,8 +60,8 @@ def parse_filter(text: str | None) -> dict[str, set[str]]:
         key, sep, value = (part.strip() for part in item.partition("="))
         if not sep or key not in FILTER_COLUMNS or not value:
             raise ValueError(f"expected KEY=VALUE with KEY in {sorted(FILTER_COLUMNS)}, got {item.strip()!r}")
-        if key == "task" and value not in PAPER_TASKS:
-            raise ValueError(f"expected a task in {list(PAPER_TASKS)}, got {value!r}")
+        if key == "task" and value not in TASK_CONFIGS:
+            raise ValueError(f"expected a task in {list(TASK_CONFIGS)}, got {value!r}")
         filters.setdefault(key, set()).add(value)
     return filters
 
@@ -99,10 +98,10 @@ def load_results(root: str, filters: dict[str, set[str]] | None = None, score: s
     trials = trials[trials["status"] == "ok"].reset_index(drop=True)
     if trials.empty:
         raise ValueError(f"expected ok trials matching {filters or 'the store'}, got none ({len(not_ok)} not ok)")
-    tasks = tuple(t for t in PAPER_TASKS if t in filters.get("task", PAPER_TASKS)
+    tasks = tuple(t for t in TASK_CONFIGS if t in filters.get("task", TASK_CONFIGS)
                   and trials[f"{t}_accuracy"].notna().any())
     if not tasks:
-        raise ValueError(f"expected scored tasks among {list(PAPER_TASKS)}, got none in the selected trials")
+        raise ValueError(f"expected scored tasks among {list(TASK_CONFIGS)}, got none in the selected trials")
     questions, heldout, ats = _questions(root, trials, tasks, notes, score)
     n_bins = _n_bins(trials)
     if score == "loglik_norm":

@@ -19,7 +19,7 @@ import pandas as pd
 
 from calibration.bootstrap import seed_question_bootstrap
 from calibration.metrics import expected_calibration_error
-from sweeps.analysis.load import PAPER_TASKS
+from calibration.task_config import TASKS
 
 CellKey = tuple[str, str, float, str]  # (sft_dataset, family, beta, task)
 INTERVAL_COLUMNS = ["sft_dataset", "family", "task", "label_smoothing", "ece", "low", "high", "n_questions",
@@ -67,8 +67,9 @@ def mean_ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
 
 
 def _in_order(cells: dict[CellKey, CellQuestions]) -> list[tuple[CellKey, CellQuestions]]:
-    """By dataset, family, task in the paper's order, beta."""
-    return sorted(cells.items(), key=lambda item: (*item[0][:2], PAPER_TASKS.index(item[0][3]), item[0][2]))
+    """By dataset, family, task in the registry's order (the paper's for its tasks), beta."""
+    order = list(TASKS)
+    return sorted(cells.items(), key=lambda item: (*item[0][:2], order.index(item[0][3]), item[0][2]))
 
 
 def ece_intervals(cells: dict[CellKey, CellQuestions], n_bins: int, n_boot: int, seed: int) -> pd.DataFrame:

@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pandas as pd
 
+from calibration.task_config import TASKS
 from sweeps.analysis.select import SELECTION, TABLE_METRICS
 
-TASK_NAMES = {"mmlu": "MMLU", "hellaswag": "HellaSwag", "arc_easy": "ARC-Easy"}
 METRIC_NAMES = {"accuracy": "Acc", "ece": "ECE", "rms_ce": "RMS"}
 TABLE_ONE_COLUMNS = ["sft_dataset", "family", "label_smoothing", "learning_rate", "n_trials", "n_seeds",
                      "vocab_size", "hidden_size", "n_params"]
 INTERVALS = ("a 95% percentile interval over {n_boot} resamples of the cell's seeds, then of the questions "
              "(questions only where seeds = 1; seed draws from 2-3 seeds are coarse)")
+
+
+def task_title(task: str) -> str:
+    """How tables and figures name a registered task (``TaskConfig.title``)."""
+    return TASKS[task].title
 
 
 def markdown(frame: pd.DataFrame) -> str:
@@ -73,11 +78,11 @@ def write_table_one(table: pd.DataFrame, intervals: pd.DataFrame, tasks: tuple[s
                           "seeds": table["n_seeds"]})
     for task in tasks:
         for metric in TABLE_METRICS:
-            shown[f"{TASK_NAMES[task]} {METRIC_NAMES[metric]}"] = (
+            shown[f"{task_title(task)} {METRIC_NAMES[metric]}"] = (
                 [with_interval(*v) for v in table[[f"{task}_ece", f"{task}_ece_low", f"{task}_ece_high"]].to_numpy()]
                 if metric == "ece" else table[f"{task}_{metric}"].map(percent))
     caption = (f"Accuracy, ECE and RMS calibration error (%, top label of the {distribution}, {n_bins} "
-               f"equal-width bins) on {', '.join(TASK_NAMES[t] for t in tasks)} after SFT with label smoothing beta; "
+               f"equal-width bins) on {', '.join(task_title(t) for t in tasks)} after SFT with label smoothing beta; "
                f"{SELECTION}; n: trials, seeds: distinct seeds among them. ECE in brackets: "
                f"{INTERVALS.format(n_boot=n_boot)}, from the trials with stored questions.")
     md, tex = out / "table1.md", out / "table1.tex"
@@ -93,7 +98,7 @@ def write_paired(paired: pd.DataFrame, n_boot: int, out: Path) -> list[Path]:
     verdict = paired.apply(lambda r: "lower" if r["high"] < 0 else "higher" if r["low"] > 0 else "not resolved",
                            axis=1) if len(paired) else pd.Series(dtype=str)
     shown = pd.DataFrame({
-        "SFT data": paired["sft_dataset"], "family": paired["family"], "task": paired["task"].map(TASK_NAMES),
+        "SFT data": paired["sft_dataset"], "family": paired["family"], "task": paired["task"].map(task_title),
         "beta": paired["label_smoothing"].map("{:g}".format), "ECE(beta)": paired["ece_beta"].map(percent),
         "ECE(0)": paired["ece_beta0"].map(percent), "Delta ECE": paired["delta_ece"].map(percent),
         "95% interval": [f"[{percent(lo)}, {percent(hi)}]" for lo, hi in zip(paired["low"], paired["high"])],
@@ -121,7 +126,7 @@ def write_ls_ts(frame: pd.DataFrame, n_boot: int, out: Path) -> list[Path]:
             continue
         base = by_beta.loc[0.0]
         for beta, row in by_beta[by_beta.index > 0].iterrows():
-            rows.append([dataset, family, TASK_NAMES[task], f"{beta:g}", _shown(base, "ece"), _shown(row, "ece"),
+            rows.append([dataset, family, task_title(task), f"{beta:g}", _shown(base, "ece"), _shown(row, "ece"),
                          _shown(base, "ece_ts"), _shown(row, "ece_ts"),
                          *([_shown(base, "ece_ats"), _shown(row, "ece_ats")] if ats else []),
                          " / ".join("n/a" if pd.isna(t) else f"{t:.3g}"

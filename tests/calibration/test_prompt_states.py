@@ -12,14 +12,12 @@ from torch import nn
 from calibration.entropy_floor import STATS
 from calibration.prompt_states import context_rows, evaluation_entropy_stats, prompt_hidden_states
 from calibration.requests import encode_prompts
-from calibration.task_config import TASKS, load_prompts
-
-TASK_NAMES = ("mmlu", "arc_easy", "hellaswag")
+from calibration.task_config import DEFAULT_TASKS, TASKS, load_prompts
 
 
 @pytest.fixture(scope="module")
 def prompts(mini_data):
-    return [p for task in TASK_NAMES for p in load_prompts(TASKS[task], data_dir=mini_data, limit=3)[1]]
+    return [p for task in DEFAULT_TASKS for p in load_prompts(TASKS[task], data_dir=mini_data, limit=3)[1]]
 
 
 def _reference_states(model, rows) -> torch.Tensor:
@@ -53,9 +51,9 @@ def test_context_rows_are_the_scorers_contexts_cut_to_the_budget(tokenizer, prom
 def test_stats_use_the_softcapped_head_on_each_tasks_first_contexts(gemma, tokenizer, mini_data):
     """Mean entropy against a float64 one from the model's own logits (Gemma's softcap 30 included), over the same
     budgeted contexts; sigma_c against torch's spectral norm; the floor below the entropy."""
-    stats = evaluation_entropy_stats(gemma, tokenizer, TASK_NAMES, data_dir=mini_data, limit=2, max_tokens=300)
+    stats = evaluation_entropy_stats(gemma, tokenizer, DEFAULT_TASKS, data_dir=mini_data, limit=2, max_tokens=300)
     assert tuple(stats) == STATS
-    rows = [row for task in TASK_NAMES
+    rows = [row for task in DEFAULT_TASKS
             for row in context_rows(tokenizer, load_prompts(TASKS[task], data_dir=mini_data, limit=2)[1], 100)]
     assert sum(map(len, rows)) <= 300
     with torch.no_grad():
@@ -82,4 +80,4 @@ def test_a_head_that_is_no_plain_linear_gives_nothing_and_runs_no_forward(tokeni
     assert evaluation_entropy_stats(model, tokenizer, ["arc_easy"], data_dir=mini_data, limit=2) == {}
     assert calls == []  # what a lone rank may call on a ZeRO-3-partitioned scorer: no collective forward
     with pytest.raises(ValueError, match="max_tokens >= one per task, got 3 tasks and max_tokens=2"):
-        evaluation_entropy_stats(model, tokenizer, TASK_NAMES, data_dir=mini_data, max_tokens=2)
+        evaluation_entropy_stats(model, tokenizer, DEFAULT_TASKS, data_dir=mini_data, max_tokens=2)

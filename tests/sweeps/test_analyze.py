@@ -20,7 +20,7 @@ from matplotlib.image import imread
 from calibration.entropy_bound import entropy_floor
 from calibration.entropy_floor import STATS as ENTROPY_STATS
 from calibration.probabilities import choice_probs, top_label
-from calibration.summary import task_metrics
+from calibration.summary import TASK_METRICS, task_metrics
 from calibration.temperature import fit_temperature
 from sweeps import store
 from sweeps.analysis.entropy import entropy_outputs
@@ -314,7 +314,7 @@ def test_length_normalised_score_reads_the_norm_columns_and_questions(synthetic_
     for trial in ("r1/big-b0-lr1e-05-s0", "r2/big-b0.1-lr1e-05-s0"):  # rows written before the *_norm columns
         old = _stored_trials(root).loc[trial].to_dict()  # the second has no stored questions
         store.write_trial(str(root), {k: v for k, v in old.items() if not k.endswith(("_ece_norm", "_rms_ce_norm"))
-                                      and k in store.TRIAL_SCHEMA.names and not pd.isna(v)})
+                                      and k in store.trial_schema().names and not pd.isna(v)})
     out = tmp_path / "out"
     analyze(str(root), {}, out, n_boot=5, score="loglik_norm")
     stored = _stored_trials(root)
@@ -372,9 +372,9 @@ def test_store_reads_with_duckdb(synthetic_store):
 def test_schema_doc_lists_every_column_and_its_queries_run(synthetic_store):
     doc = (REPO / "docs" / "analysis.md").read_text()
     assert f"store schema version {store.SCHEMA_VERSION}" in doc
-    for name in [*store.TRIAL_SCHEMA.names, *store.QUESTION_SCHEMA.names]:
-        assert f"`{name}`" in doc or name in store.METRIC_COLUMNS, name
-    for metric in store.TASK_METRICS:
+    for name in [*store.trial_schema().names, *store.QUESTION_SCHEMA.names]:
+        assert f"`{name}`" in doc or name in store.metric_columns(), name
+    for metric in TASK_METRICS:
         assert f"`{metric}`" in doc or metric.removesuffix("_ts") in doc, metric
     duckdb = pytest.importorskip("duckdb")
     sql = doc.split("```sql\n")[1].split("```")[0].replace("results/", f"{synthetic_store}/")
@@ -469,7 +469,7 @@ def test_stored_temperature_columns_are_read_first(synthetic_store, tmp_path):
         questions = _question_file(root, trial)
         stored[trial] = {f"{task}_ece_ts": _ece_after(questions, task, t) for task, t in (("mmlu", 2.0),
                                                                                           ("arc_easy", 0.5))}
-        store.write_trial(str(root), {k: v for k, v in row.to_dict().items() if k in store.TRIAL_SCHEMA.names
+        store.write_trial(str(root), {k: v for k, v in row.to_dict().items() if k in store.trial_schema().names
                                       and not pd.isna(v)} | stored[trial] | {"mmlu_temperature": 2.0,
                                                                              "arc_easy_temperature": 0.5})
     results = load_results(str(root), parse_filter("dataset=alpaca,family=small"))
@@ -520,7 +520,7 @@ def test_entropy_gap_places_each_trial_s_measured_entropy_beside_its_floor(synth
     assert rows["floor_gap"].between(0.05, 0.95).all()
 
 
-@pytest.mark.skipif(not set(ENTROPY_STATS) <= set(store.TRIAL_SCHEMA.names),
+@pytest.mark.skipif(not set(ENTROPY_STATS) <= set(store.trial_schema().names),
                     reason="the store schema does not have the entropy-floor columns yet")
 def test_entropy_columns_written_to_the_store_reach_the_figure(synthetic_store, tmp_path):
     root = tmp_path / "results"
@@ -528,7 +528,7 @@ def test_entropy_columns_written_to_the_store_reach_the_figure(synthetic_store, 
     trial, row = next(iter(_stored_trials(root).query("family == 'small'").iterrows()))
     stats = {"sigma_c": 3.0, "sigma_h_max": 0.01, "sigma_h_p999": 0.008, "rho": 0.03, "mean_entropy": 9.0,
              "entropy_floor": float(entropy_floor(row["vocab_size"], row["hidden_size"], 0.03))}
-    store.write_trial(str(root), {k: v for k, v in row.to_dict().items() if k in store.TRIAL_SCHEMA.names
+    store.write_trial(str(root), {k: v for k, v in row.to_dict().items() if k in store.trial_schema().names
                                   and not pd.isna(v)} | stats)
     out = tmp_path / "out"
     analyze(str(root), parse_filter("family=small,task=mmlu"), out, n_boot=5)
@@ -553,7 +553,7 @@ def test_ats_columns_come_from_ats_questions_else_the_trial_column_and_old_store
         expected[trial] = {task: _ece_after(questions, task, 3.0) for task in ("mmlu", "arc_easy")}
         table = pa.Table.from_pandas(pd.concat([questions, ats], ignore_index=True), preserve_index=False)
         store.write_questions(str(root), *trial.split("/"), table.drop(["schema_version", "run_name", "trial_id"]))
-        store.write_trial(str(root), {k: v for k, v in row.to_dict().items() if k in store.TRIAL_SCHEMA.names
+        store.write_trial(str(root), {k: v for k, v in row.to_dict().items() if k in store.trial_schema().names
                                       and not pd.isna(v)} | {"hellaswag_ece_ats": 0.123, "mmlu_ece_ats": 0.9})
     out = tmp_path / "out"
     written = analyze(str(root), parse_filter("dataset=alpaca,family=small"), out, n_boot=20)

@@ -24,7 +24,7 @@ def _records(n: int) -> pa.Table:
 def test_round_trip_and_schema_version(tmp_path):
     store.write_trial(str(tmp_path), _row("a"))
     table = store.read_trials(str(tmp_path))
-    assert table.schema.equals(store.TRIAL_SCHEMA, check_metadata=False)
+    assert table.schema.equals(store.trial_schema(), check_metadata=False)
     row = table.to_pylist()[0]
     assert row["schema_version"] == store.SCHEMA_VERSION and row["mmlu_ece"] == 0.2 and row["arc_easy_ece"] is None
 
@@ -58,7 +58,19 @@ def test_empty_store_and_unknown_columns(tmp_path):
 
 
 def test_metric_columns_cover_every_task_metric():
-    assert "hellaswag_rms_ce" in store.METRIC_COLUMNS and "arc_easy_ece_ts" in store.METRIC_COLUMNS
+    columns = store.metric_columns()
+    assert "hellaswag_rms_ce" in columns and "arc_easy_ece_ts" in columns and "arc_easy_lettered_ece" in columns
+
+
+def test_old_trial_files_read_with_later_columns_null(tmp_path):
+    """A file written before a task had columns (here: without arc_easy_lettered's, its columns in another order)
+    reads as it was, matched by name, the later columns null."""
+    old = pa.schema([f for f in reversed(store.trial_schema()) if not f.name.startswith("arc_easy_lettered_")])
+    row = {"schema_version": store.SCHEMA_VERSION, "run_name": "r", "trial_id": "a", "status": "ok", "mmlu_ece": 0.25}
+    (tmp_path / "trials").mkdir()
+    pq.write_table(pa.Table.from_pylist([row], schema=old), tmp_path / "trials" / "r__a.parquet")
+    stored = store.read_trials(str(tmp_path)).to_pylist()[0]
+    assert stored["mmlu_ece"] == 0.25 and stored["arc_easy_lettered_ece"] is None and stored["status"] == "ok"
 
 
 def test_remove_trial_deletes_its_row_and_questions_only(tmp_path):

@@ -47,7 +47,7 @@ def test_trial_with_ats_trains_a_head_and_reports_every_metric_again(tiny_llama_
     for task in ("arc_easy", "mmlu"):
         assert 0 <= final[f"{task}_ece_ats"] <= 1 and math.isfinite(final[f"{task}_nll_ats"])
         assert final[f"{task}_ece_ats"] != final[f"{task}_ece"]  # a trained head moved the confidences
-        assert {name for name in final if name.startswith(task) and name.endswith("_ats")} <= set(store.METRIC_COLUMNS)
+        assert {name for name in final if name.startswith(task) and name.endswith("_ats")} <= set(store.metric_columns())
     assert final["mmlu_accuracy_ats"] == final["mmlu_accuracy"]  # one-letter choices: ranking kept
     head = load_head(trial_head_path(str(tmp_path), "unit", "t0"))
     assert head.spec.hidden_size == tiny_llama_config["hidden_size"] and float(head.out.weight.abs().sum()) > 0
