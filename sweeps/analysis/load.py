@@ -41,7 +41,7 @@ SCORE_NAMES = {"loglik": "softmax over the choices' summed log-likelihoods",
 
 @dataclass
 class Results:
-    trials: pd.DataFrame  # one row per ok trial (TRIAL_SCHEMA columns + ``trial``)
+    trials: pd.DataFrame  # one row per ok trial (store.trial_schema() columns + ``trial``)
     questions: pd.DataFrame  # QUESTION_COLUMNS, each task's reported split only
     heldout: pd.DataFrame  # QUESTION_COLUMNS, each task's held-out (temperature-fitting) split
     tasks: tuple[str, ...]  # in the registry's order (calibration.task_config.TASKS), the tables' order
