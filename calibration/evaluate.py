@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from calibration.records import SCHEMA, SCHEMA_VERSION, ats_split, build_records
 from calibration.scoring import score_prompts, score_prompts_with_ats
 from calibration.summary import ats_metrics, fit_temperatures, summarize
 from calibration.task_config import TaskConfig, load_prompts, resolve_task, with_split
+from common.provenance import git_revision
 
 if TYPE_CHECKING:
     from calibration.ats.head import TemperatureHead
@@ -98,19 +98,6 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig]
     return EvalResult(summary, records, intervals, run_config)
 
 
-def git_revision() -> str:
-    """The checkout's commit (with ``+dirty`` for uncommitted changes), or ``unknown`` outside git."""
-    here = Path(__file__).parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=here, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "")
-
-
 def apply_overrides(configs: list[TaskConfig], overrides: Sequence[str]) -> list[TaskConfig]:
     """``TASK.FIELD=VALUE`` edits (``k_shot`` int, ``subjects`` comma list, ``none`` for None); all errors at once."""
     by_name = {c.name: c for c in configs}
@@ -141,7 +128,7 @@ def apply_overrides(configs: list[TaskConfig], overrides: Sequence[str]) -> list
 def _tasks(text: str) -> list[TaskConfig]:
     """``--tasks``' comma list as task configs; an unknown name raises ``ValueError`` naming it and the valid ones."""
     from calibration.task_config import TASKS
-    from trainable.config import suggest
+    from common.config import suggest
 
     names = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [t for t in names if t not in TASKS]
@@ -156,7 +143,7 @@ def _ats_config(overrides: Sequence[str]) -> Any:
     import yaml
 
     from calibration.ats.config import ATSConfig
-    from trainable.config import build
+    from common.config import build
 
     values = {}
     for item in overrides:
@@ -186,10 +173,10 @@ def _ats_head(args: argparse.Namespace, config: Any, model: Any, tokenizer: Any,
 def main(argv: Sequence[str] | None = None) -> EvalResult:
     import torch
 
-    from calibration.datasource import DataSourceError, resolve_data_dir
+    from common.datasource import DataSourceError, resolve_data_dir
     from calibration.records import write_records
     from calibration.report import format_table, write_diagrams, write_summary
-    from trainable.models import load_pretrained, resolve_model
+    from common.models import load_pretrained, resolve_model
 
     parser = argparse.ArgumentParser(prog="python -m calibration.evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="registry name (smollm2-135m, gemma3-270m), hub id or path")

@@ -39,7 +39,7 @@ if __package__ in (None, ""):  # run as a script: make the repository's packages
 import pandas as pd  # noqa: E402
 
 from calibration.summary import SCORES  # noqa: E402
-from trainable.config import suggest  # noqa: E402
+from common.config import suggest  # noqa: E402
 from sweeps.analysis import figures  # noqa: E402
 from sweeps.analysis.figures import FORMATS  # noqa: E402
 from sweeps.analysis.ats import ats_trials, describe_ats, with_ats  # noqa: E402

@@ -60,7 +60,7 @@ def tiny_llama_config() -> dict:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from trainable.models import load_tokenizer, resolve_model
+    from common.models import load_tokenizer, resolve_model
 
     return load_tokenizer(resolve_model("smollm2-135m"))
 

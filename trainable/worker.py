@@ -30,7 +30,7 @@ from trainable.export import save_hf_model
 from trainable.config import TrialConfig
 from trainable.fault_injection import die_if_due, oom_if_due
 from trainable.lm_head import CausalLMWithFusedLoss
-from trainable.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
+from common.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_cache_counts, prepare_node
 from trainable.packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch

@@ -34,7 +34,7 @@ class ATSConfig:
     max_grad_norm: float = 1.0
 
     def problems(self) -> list[str]:
-        """Every invalid field as 'key: expected X, got Y' (``trainable.config.build`` prefixes the path)."""
+        """Every invalid field as 'key: expected X, got Y' (``common.config.build`` prefixes the path)."""
         problems = []
         for name in ("max_seq_len", "epochs", "batch_size", "learning_rate", "max_grad_norm"):
             if not getattr(self, name) > 0:

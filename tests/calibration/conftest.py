@@ -83,7 +83,7 @@ def tokenizer():
     pytest.importorskip("gguf")
     from transformers import AutoTokenizer
 
-    from trainable.models import gguf_path, resolve_model
+    from common.models import gguf_path, resolve_model
 
     path = gguf_path(resolve_model("smollm2-135m"))
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -122,8 +122,8 @@ def gemma(tokenizer):
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory, llama, tokenizer):
-    """The tiny model saved like any local checkpoint, so the CLI loads it through trainable.models."""
-    pytest.importorskip("trainable.models")
+    """The tiny model saved like any local checkpoint, so the CLI loads it through common.models."""
+    pytest.importorskip("common.models")
     path = tmp_path_factory.mktemp("tiny-llama")
     llama.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -9,7 +9,8 @@ import torch
 from calibration.ats.head import load_head
 from sweeps import store
 from trainable.ats import ats_steps, trial_head_path
-from trainable.config import ConfigError, TrialConfig
+from common.config import ConfigError
+from trainable.config import TrialConfig
 from trainable.worker import run_trial
 
 
