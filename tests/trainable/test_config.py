@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweeps.config import load_sweep, sweep_from_dict, sweep_to_dict, trial_id
 from common.config import ConfigError
+from sweeps.config import load_sweep, sweep_from_dict, sweep_to_dict, trial_id
 from trainable.config import TrialConfig
 
 REPO = Path(__file__).resolve().parents[2]
