@@ -1,4 +1,4 @@
-"""ATS settings (the YAML key ``eval.ats`` of a trial, ``--ats-set`` of ``python -m calibration.evaluate``).
+"""ATS settings (the YAML key ``eval.ats`` of a trial, ``--ats-set`` of ``calsweep evaluate``).
 
 Defaults are the authors' (github.com/Johnathan-Xie/adaptive-temperature-scaling: ``run_calibration.sh`` and
 ``calibration_configs/transformer_hidden_states/config.json``): Alpaca-GPT4, loss ``selective_smoothing`` with a
