@@ -32,7 +32,7 @@ SAMPLE = "Below is an instruction that describes a task. Write a response that a
 def _load(family: str, mode: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainable.models import gguf_path, load_model, load_tokenizer, resolve_model
+    from common.models import gguf_path, load_model, load_tokenizer, resolve_model
 
     spec = resolve_model(family)
     if mode == "direct":
@@ -62,7 +62,7 @@ def _timed(family: str, mode: str, env: dict[str, str], out: Path) -> float:
 
 def bench(family: str, repeats: int) -> dict[str, Any]:
     """Direct, first and cached load times of one family, each in a fresh process, and whether they agree."""
-    from trainable.models import gguf_path, resolve_model
+    from common.models import gguf_path, resolve_model
 
     with tempfile.TemporaryDirectory(prefix="calsweep-load-") as scratch:
         env = {**os.environ, "CALSWEEP_CACHE_DIR": scratch}

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file from any directory, uninstalled
-from calibration.evaluate import git_revision  # noqa: E402
 from calibration.plan_cache import cached_plan  # noqa: E402
 from calibration.scoring import score_plan, score_prompts  # noqa: E402
 from calibration.task_config import TASKS, load_prompts  # noqa: E402
+from common.provenance import git_revision  # noqa: E402
 
 
 def run_mode(model: Any, tokenizer: Any, prompts: list, gold: np.ndarray, *, share_prefix: bool,
@@ -61,7 +61,7 @@ def _synchronize() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    from trainable.models import load_pretrained
+    from common.models import load_pretrained
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="registry name, hub id or local path")

@@ -120,7 +120,7 @@ def _rows_of_data(args, row: dict, rank: int, world: int):
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
         return itertools.repeat(batch), [{k: v[i] for k, v in batch.items()} for i in range(row["batch"])]
     from trainable.config import SFTConfig
-    from trainable.models import load_tokenizer, resolve_model
+    from common.models import load_tokenizer, resolve_model
     from trainable.packing import collate_packed, epoch_rows, iterate_packed_batches
     from trainable.sft_data import build_sft_examples
 

@@ -1,6 +1,6 @@
 """Real inputs for the linear cross-entropy benchmark: a model's final hidden states on Alpaca text and its head.
 
-`build` (CPU, project venv) finds a registry model's GGUF through trainable.models (it ships on PyPI), loads it
+`build` (CPU, project venv) finds a registry model's GGUF through common.models (it ships on PyPI), loads it
 with transformers' GGUF loader as a trial does, tokenises
 Alpaca rows (prompt + response, trainable.sft_data.build_sft_examples, seeded shuffle), runs the decoder one
 example at a time in float32 and keeps the final (normed) hidden states of every position but the last, with the
@@ -64,7 +64,7 @@ def _load_gguf(gguf_file: Path):  # noqa: ANN202 - (causal LM, tokenizer)
 
 def build(family: str, n_tokens: int, out_dir: Path, data_dir: str | None, max_seq_len: int, seed: int) -> Path:
     """Write DIR/<family>/ as the module docstring says; returns that folder."""
-    from trainable import models
+    from common import models
     from trainable.config import SFTConfig
     from trainable.sft_data import build_sft_examples
 

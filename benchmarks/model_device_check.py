@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from trainable.attention_check import choose_attention
     from trainable.config import SFTConfig
     from trainable.lm_head import CausalLMWithFusedLoss
-    from trainable.models import load_pretrained
+    from common.models import load_pretrained
     from trainable.sft_data import build_sft_examples, collate
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

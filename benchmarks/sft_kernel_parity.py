@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     from trainable.config import TrialConfig
+    from sweeps import store
     from trainable.worker import run_trial
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> dict:
             eval={"tasks": []}))
         reports: list[dict] = []
         started = time.time()
-        run_trial(trial, device, 0, 1, reports.append)
+        run_trial(trial, device, 0, 1, reports.append, writers=store.trial_writers())
         curves[impl] = {"loss": [r["train_loss"] for r in reports if r["phase"] == "train"],
                         "seconds": time.time() - started}
         torch.cuda.empty_cache() if device.type == "cuda" else None

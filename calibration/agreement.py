@@ -157,7 +157,7 @@ def compare(theirs: list[dict[str, Any]], ours: list[dict[str, Any]]) -> dict[st
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from calibration.evaluate import evaluate_model
-    from trainable.models import load_pretrained
+    from common.models import load_pretrained
 
     parser = argparse.ArgumentParser(prog="python -m calibration.agreement", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a local Hugging Face model directory both tools load")

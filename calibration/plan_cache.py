@@ -9,7 +9,7 @@ returns exactly what ``calibration.requests.plan`` returns, computing it once pe
 where the fingerprint is the tokenizer's class, its special tokens and its full serialisation (vocabulary, merges,
 normaliser, pre-tokeniser, post-processor: ``backend_tokenizer.to_str()``). A tokenizer without a serialisation
 (a slow, Python-only one) is never cached. Files are ``<directory>/<key>.pkl``, written to a temporary name and
-renamed (atomic, ``calibration.disk_cache``), so trials that tokenise the same task at once on one node leave one
+renamed (atomic, ``common.disk_cache``), so trials that tokenise the same task at once on one node leave one
 whole file; an unreadable file is tokenised again.
 """
 
@@ -19,7 +19,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Sequence
 
-from calibration.disk_cache import cached_pickle
+from common.disk_cache import cached_pickle
 from calibration.prompts import Prompt
 from calibration.requests import Group, plan
 

@@ -2,7 +2,7 @@
 
     python -m calibration.rescore results/eval/smollm2-135m --n-bins 10 --temperature fit --score loglik_norm
 
-reads ``DIR/records.parquet`` (written by ``python -m calibration.evaluate``), prints the metrics table and
+reads ``DIR/records.parquet`` (written by ``calsweep evaluate``), prints the metrics table and
 writes ``DIR/rescore_<score>_b<bins>_t<temperature>.json`` (and reliability diagrams with ``--plots``). A sweep
 store's per-question file works too (``python -m calibration.rescore results/questions/<run>__<trial>.parquet``):
 its outputs go to ``<results>/rescore/<run>__<trial>/`` (or ``--out``), never into the store's tables. So do
@@ -76,7 +76,7 @@ def rescore(source: str | Path, *, n_bins: int = 15, temperature: str = "1", sco
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m calibration.rescore", description=__doc__.split("\n")[0])
-    parser.add_argument("source", help="an output directory of python -m calibration.evaluate, a sweep store's "
+    parser.add_argument("source", help="an output directory of calsweep evaluate, a sweep store's "
                                        "per-question file (results/questions/<run>__<trial>.parquet), or lm-eval's "
                                        "samples_<task>_<date>.jsonl (--log_samples) or the folder holding them")
     parser.add_argument("--n-bins", type=int, default=15)
@@ -103,7 +103,7 @@ def _check_source(source: Path) -> None:
         return
     if not path.is_file():
         found = "a directory without records.parquet or samples_*.jsonl" if source.is_dir() else "nothing"
-        raise ValueError(f"{str(source)!r}: expected an output directory of python -m calibration.evaluate (holding "
+        raise ValueError(f"{str(source)!r}: expected an output directory of calsweep evaluate (holding "
                          f"records.parquet), a store's questions/<run>__<trial>.parquet file or lm-eval's "
                          f"samples_<task>_<date>.jsonl files, found {found}")
     if path.suffix == ".jsonl":

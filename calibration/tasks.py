@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from calibration.datasource import DataSourceError, load_hub_dataset, resolve_data_dir
+from common.datasource import DataSourceError, load_hub_dataset, resolve_data_dir
 
 LETTERS = "ABCDE"
 

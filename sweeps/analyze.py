@@ -33,23 +33,20 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-if __package__ in (None, ""):  # run as a script: make the repository's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import pandas as pd
 
-import pandas as pd  # noqa: E402
-
-from calibration.summary import SCORES  # noqa: E402
-from trainable.config import suggest  # noqa: E402
-from sweeps.analysis import figures  # noqa: E402
-from sweeps.analysis.figures import FORMATS  # noqa: E402
-from sweeps.analysis.ats import ats_trials, describe_ats, with_ats  # noqa: E402
-from sweeps.analysis.entropy import entropy_outputs  # noqa: E402
-from sweeps.analysis.load import SCORE_NAMES, Results, load_results, parse_filter  # noqa: E402
-from sweeps.analysis.questions import (CellKey, CellQuestions, cell_questions, ece_intervals,  # noqa: E402
+from calibration.summary import SCORES
+from common.config import suggest
+from sweeps.analysis import figures
+from sweeps.analysis.figures import FORMATS
+from sweeps.analysis.ats import ats_trials, describe_ats, with_ats
+from sweeps.analysis.entropy import entropy_outputs
+from sweeps.analysis.load import SCORE_NAMES, Results, load_results, parse_filter
+from sweeps.analysis.questions import (CellKey, CellQuestions, cell_questions, ece_intervals,
                                        paired_differences)
-from sweeps.analysis.select import BEST_BETA, SELECTION, best_betas, grid_points, table_one  # noqa: E402
-from sweeps.analysis.tables import INTERVALS, write_ls_ts, write_paired, write_table_one  # noqa: E402
-from sweeps.analysis.temperature import describe_sources, ls_ts_table, scaled_questions  # noqa: E402
+from sweeps.analysis.select import BEST_BETA, SELECTION, best_betas, grid_points, table_one
+from sweeps.analysis.tables import INTERVALS, write_ls_ts, write_paired, write_table_one
+from sweeps.analysis.temperature import describe_sources, ls_ts_table, scaled_questions
 
 
 def slug(name: str) -> str:

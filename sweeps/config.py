@@ -20,8 +20,9 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from trainable.config import (ConfigError, CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, build,
-                              check_label_smoothing, check_learning_rate, suggest)
+from common.config import ConfigError, build, suggest
+from trainable.config import (CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, check_label_smoothing,
+                              check_learning_rate)
 
 SAMPLERS = ("tpe", "random", "cmaes", "nsga2", "gp")
 PROGRESS_METRICS = ("train_loss", "val_loss")  # in the workers' training reports: what ASHA can watch
@@ -114,7 +115,7 @@ class SweepConfig:
     data_dir: str | None = None  # local data root; null: $CALSWEEP_DATA_DIR, else the Hugging Face hub
     results_dir: str = "results"  # Parquet store root (local path or pyarrow.fs URI such as s3://bucket/x)
     families: tuple[str, ...] = ("smollm2-135m", "gemma3-270m")
-    learning_rates: tuple[float, ...] = (2e-5,)
+    learning_rates: tuple[float, ...] = (5e-5,)
     label_smoothing: tuple[float, ...] = (0.0, 0.1)
     custom_models: dict[str, CustomModel] = field(default_factory=dict)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -166,7 +167,7 @@ def workers_for(sweep: "SweepConfig", family: str) -> int:
     """
     if sweep.resources.workers_per_trial is not None:
         return sweep.resources.workers_per_trial
-    from trainable.models import REGISTRY
+    from common.models import REGISTRY
 
     params = REGISTRY[family].params if family in REGISTRY and REGISTRY[family].params else None
     if params is None:
@@ -183,7 +184,7 @@ def trial_id(family: str, learning_rate: float, label_smoothing: float, seed: in
 
 
 def _check_sweep(config: SweepConfig) -> list[str]:
-    from trainable.models import REGISTRY, resolve_model
+    from common.models import REGISTRY, resolve_model
 
     problems = []
     for value in config.label_smoothing:
@@ -271,13 +272,9 @@ def sweep_from_dict(data: dict[str, Any], where: str = "config") -> SweepConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a YAML mapping of sweep settings, got {type(data).__name__}")
     errors: list[str] = []
-    data = dict(data)
     if "seed" in data and data.get("seeds") is not None:
         errors.append(f"{where}.seeds: expected either `seed: N` or `seeds: [N, ...]`, got both")
-    models = data.get("custom_models") or {}
-    if isinstance(models, dict):
-        data["custom_models"] = {name: build(CustomModel, spec, f"{where}.custom_models.{name}", errors)
-                                 for name, spec in models.items()}
+    data = {**data, "custom_models": data.get("custom_models") or {}}  # `custom_models:` left empty in YAML: none
     config = build(SweepConfig, data, where, errors)
     if not errors:
         errors += [f"{where}.{p}" for p in _check_sweep(config)]

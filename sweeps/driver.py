@@ -12,6 +12,7 @@ resumed or re-run trial continues from the latest of its config (``sweeps.checkp
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import socket
@@ -130,7 +131,7 @@ def trial_driver(params: dict[str, Any]) -> None:
     if stale:
         print(f"[calsweep] {trial.trial_id}: checkpoints of another config removed ({stale})", flush=True)
     trainer = TorchTrainer(
-        train_fn_per_worker,
+        functools.partial(train_fn_per_worker, writers=store.trial_writers()),
         train_loop_config=trial.to_dict(),
         scaling_config=scaling_config(sweep, trial.family),
         run_config=RunConfig(

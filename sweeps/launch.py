@@ -15,18 +15,14 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
-if __package__ in (None, ""):  # run as a script: make the repository's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import yaml
 
-import yaml  # noqa: E402
-
-from calibration.datasource import DataSourceError, resolve_data_dir  # noqa: E402
-from sweeps import store  # noqa: E402
-from sweeps.config import ConfigError, SweepConfig, load_sweep, sweep_to_dict, workers_for  # noqa: E402
-from sweeps.preflight import preflight, stale_problems  # noqa: E402
+from common.datasource import DataSourceError, resolve_data_dir
+from sweeps import store
+from sweeps.config import ConfigError, SweepConfig, load_sweep, sweep_to_dict, workers_for
+from sweeps.preflight import preflight, stale_problems
 
 
 DRIVER_CPUS = 0.001  # a trial's Tune function only waits on its TorchTrainer
@@ -155,7 +151,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     from sweeps import search, tracking
     from sweeps.driver import trial_driver
     from sweeps.progress import StoreRecorder, TrialProgress
-    from sweeps.provenance import git_revision, package_versions
+    from common.provenance import git_revision, package_versions
 
     if not verbose:  # Tune's legacy console at verbose=0 prints nothing; its newer one still draws a table
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"

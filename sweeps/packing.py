@@ -62,6 +62,7 @@ def _peak_bytes(config: dict[str, Any]) -> tuple[int, int]:
     import torch
     import torch.distributed as dist
 
+    from sweeps import store
     from trainable.config import TrialConfig
     from trainable.worker import run_trial
 
@@ -79,7 +80,7 @@ def _peak_bytes(config: dict[str, Any]) -> tuple[int, int]:
             one_step = dataclasses.replace(trial, results_dir=results,
                                            train=dataclasses.replace(trial.train, max_steps=1, save_model=False),
                                            eval=dataclasses.replace(trial.eval, tasks=()))
-            run_trial(one_step, device, 0, 1, lambda metrics: None)
+            run_trial(one_step, device, 0, 1, lambda metrics: None, writers=store.trial_writers())
     finally:
         dist.destroy_process_group()
     return total - free + torch.cuda.max_memory_reserved(device), total

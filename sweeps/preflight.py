@@ -50,7 +50,7 @@ def _hub_config_problem(location: str) -> str | None:
 
 def family_problems(sweep: SweepConfig) -> dict[str, str]:
     """name -> one line, for each family (or random-init model's tokenizer family) that will not load."""
-    from trainable.models import check_transformers, gguf_path, resolve_model
+    from common.models import check_transformers, gguf_path, resolve_model
 
     problems = {}
     custom = sweep.trial(sweep.trial_points()[0]).custom_specs()
@@ -103,7 +103,7 @@ def task_problems(sweep: SweepConfig) -> list[str]:
 def _tokenizers(sweep: SweepConfig, broken: set[str]) -> tuple[dict[str, Any], list[str]]:
     """(family -> its tokenizer, loaded once per source; a line per tokenizer that fails to load). Families whose
     tokenizer source is ``broken`` (already reported) are left out."""
-    from trainable.models import load_tokenizer, resolve_model
+    from common.models import load_tokenizer, resolve_model
 
     custom = sweep.trial(sweep.trial_points()[0]).custom_specs()
     loaded: dict[str, Any] = {}

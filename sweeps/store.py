@@ -242,3 +242,10 @@ def writable_problem(root: str) -> str | None:
 def config_json(config: dict[str, Any]) -> str:
     """The trial config as canonical JSON (sorted keys) for the ``config_json`` column."""
     return json.dumps(config, sort_keys=True, default=str)
+
+
+def trial_writers() -> Any:
+    """This store's writers as a trial's workers take them (``trainable.worker.TrialWriters``)."""
+    from trainable.worker import TrialWriters
+
+    return TrialWriters(write_questions=write_questions, write_model=write_model)

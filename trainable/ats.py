@@ -57,7 +57,7 @@ def trial_ats_head(model: Any, tokenizer: Any, trial: Any, *, progress: bool = T
     """The head of a trial (``trainable.config.TrialConfig``) with ``eval.ats`` enabled: trained on its SFT'd model
     with the trial's seed and data root, kept at ``trial_head_path`` when the store is local."""
     from calibration.ats.head import save_head
-    from trainable.models import cache_dir
+    from common.models import cache_dir
 
     head, losses = fit_ats_head(model, tokenizer, trial.eval.ats, seed=trial.seed, data_dir=trial.data_dir,
                                 cache=cache_dir() / "sft", progress=progress)

@@ -1,31 +1,19 @@
-"""Trial configuration: frozen dataclasses built from plain dicts (YAML), validated all at once.
-
-``build(cls, data, where)`` turns a mapping into ``cls``, recursing into nested dataclass fields; every
-problem (unknown key, bad value) is collected and reported together as one ``ConfigError``.
+"""Trial configuration: frozen dataclasses built from plain dicts (YAML) by ``common.config.build``, validated all
+at once; each section's ``problems()`` names its invalid values.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.config import build, suggest
 from kernels.api import FILTERS
 from calibration.ats.config import ATSConfig
 from calibration.task_config import DEFAULT_TASKS, TASKS
-
-
-class ConfigError(ValueError):
-    """One or more invalid config entries: ``problems`` lists each as 'where.key: expected X, got Y'; the message
-    joins them with '; '."""
-
-    def __init__(self, *problems: str):
-        super().__init__("; ".join(problems))
-        self.problems = list(problems)
 
 
 @dataclass(frozen=True)
@@ -66,6 +54,10 @@ class SFTConfig:
         if self.local_file is None:
             object.__setattr__(self, "local_file", local_file)
 
+    def problems(self) -> list[str]:
+        """Every invalid field as 'key: expected X, got Y' (``common.config.build`` prefixes the path)."""
+        return _check_sft(self)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -100,6 +92,10 @@ class TrainConfig:
     deepspeed: dict[str, Any] = field(default_factory=dict)  # merged last into the DeepSpeed config
     save_model: bool = False  # after training: a Hugging Face folder under <results_dir>/models/ (trainable.export)
 
+    def problems(self) -> list[str]:
+        """Every invalid field as 'key: expected X, got Y' (``common.config.build`` prefixes the path)."""
+        return _check_train(self)
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -113,107 +109,13 @@ class EvalConfig:
     temperature_scaling: bool = False  # also score each task's held-out split, fit T there, report *_ts metrics
     ats: ATSConfig = field(default_factory=ATSConfig)  # enabled: train an ATS head after SFT, report *_ats metrics
 
+    def problems(self) -> list[str]:
+        """Every invalid field as 'key: expected X, got Y' (``common.config.build`` prefixes the path)."""
+        return _check_eval(self)
+
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 SCHEDULES = ("cosine", "linear", "constant")
-
-
-def as_number(value: Any, integral: bool = False) -> int | float | None:
-    """``value`` as a number, or None if it is not one: ints and floats as they are, a string that spells a
-    number ('5e-5', which YAML 1.1 reads as a string) parsed; with ``integral`` only whole numbers, as ``int``."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if not isinstance(value, (int, float)):
-        return None
-    if integral:
-        return int(value) if isinstance(value, int) or (math.isfinite(value) and value == int(value)) else None
-    return value
-
-
-def _type_ok(value: Any, annotation: Any) -> bool:
-    """Whether ``value`` fits a (simple) type annotation; numbers are accepted as ``as_number`` reads them."""
-    origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, arg) for arg in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if annotation in (int, float):
-        return as_number(value, integral=annotation is int) is not None
-    if origin is tuple:
-        return isinstance(value, (list, tuple))
-    if origin is dict:
-        return isinstance(value, dict)
-    if dataclasses.is_dataclass(annotation):
-        return isinstance(value, dict)
-    return isinstance(value, annotation)
-
-
-def _convert(value: Any, annotation: Any, where: str, errors: list[str]) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            if arg is not type(None) and value is not None and _type_ok(value, arg):
-                return _convert(value, arg, where, errors)
-        return value
-    if dataclasses.is_dataclass(annotation) and isinstance(value, dict):
-        return build(annotation, value, where, errors)
-    if origin is tuple:  # numeric elements become numbers; others stay as given, for the field's own check to name
-        args = typing.get_args(annotation)
-        kinds = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
-        return tuple(_convert(item, kind, where, errors) if _type_ok(item, kind) else item
-                     for item, kind in zip(value, kinds + [Any] * (len(value) - len(kinds))))
-    if annotation in (int, float):
-        number = as_number(value, integral=annotation is int)
-        return float(number) if annotation is float else number
-    return value
-
-
-def build(cls: type, data: dict[str, Any] | None, where: str, errors: list[str] | None = None) -> Any:
-    """Build dataclass ``cls`` from ``data``; collect problems into ``errors`` (raise if we own the list).
-
-    An unknown key is named with the closest valid one; a number may be given as a string that spells it."""
-    own = errors is None
-    errors = [] if errors is None else errors
-    data = data or {}
-    if not isinstance(data, dict):
-        errors.append(f"{where}: expected a mapping, got {type(data).__name__} {data!r}")
-        data = {}
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            errors.append(f"{where}.{key}: unknown key{suggest(str(key), names)}; expected one of {sorted(names)}")
-            continue
-        if not _type_ok(value, hints[key]):
-            errors.append(f"{where}.{key}: expected {_describe(hints[key])}, got {value!r}")
-            continue
-        kwargs[key] = _convert(value, hints[key], f"{where}.{key}", errors)
-    instance = cls(**kwargs)
-    check = getattr(instance, "_problems", None) or _CHECKS.get(cls)
-    if check is not None:
-        errors.extend(f"{where}.{p}" for p in check(instance))
-    if own and errors:
-        raise ConfigError(*errors)
-    return instance
-
-
-def suggest(word: str, valid: typing.Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest of ``valid`` to a mistyped ``word``, or '' if none is close."""
-    close = difflib.get_close_matches(word, sorted(valid), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _describe(annotation: Any) -> str:
-    text = str(annotation).replace("typing.", "")
-    return getattr(annotation, "__name__", text) if "[" not in text and "|" not in text else text
 
 
 def _positive(name: str, value: float | int | None, allow_none: bool = False) -> list[str]:
@@ -285,9 +187,6 @@ def _check_eval(c: EvalConfig) -> list[str]:
     return problems
 
 
-_CHECKS = {TrainConfig: _check_train, SFTConfig: _check_sft, EvalConfig: _check_eval, ATSConfig: ATSConfig.problems}
-
-
 def check_label_smoothing(value: Any) -> list[str]:
     """Problems with a label-smoothing value: it must be a number in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -324,14 +223,11 @@ class TrialConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrialConfig":
-        data = dict(data)
-        data["custom_models"] = {name: CustomModel(**spec) if isinstance(spec, dict) else spec
-                                 for name, spec in data.get("custom_models", {}).items()}
         return build(cls, data, "trial")
 
     def custom_specs(self):
         """The config's random-init models as registry ``ModelSpec``s."""
-        from trainable.models import ModelSpec
+        from common.models import ModelSpec
 
         return {name: ModelSpec(name, "random_init", m.architecture, tokenizer=m.tokenizer,
                                 architecture_config=dict(m.config)) for name, m in self.custom_models.items()}

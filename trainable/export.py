@@ -2,7 +2,7 @@
 
 The weights are those the engine trained (16-bit under bf16/fp16, float32 under fp32), without the fused loss head:
 the folder holds the model's own architecture, so ``AutoModelForCausalLM.from_pretrained``, lm-evaluation-harness
-(``lm_eval --model hf --model_args pretrained=DIR``) and ``python -m calibration.evaluate --model DIR`` read it.
+(``lm_eval --model hf --model_args pretrained=DIR``) and ``calsweep evaluate --model DIR`` read it.
 Under ZeRO-3 the ranks gather the partitioned weights a block at a time (``deepspeed.zero.GatheredParameters``,
 through ``zero3_scoring.gathered_copy``) into a plain copy in rank 0's host memory; under ZeRO 0-2 every rank holds
 them all and the copy is made the same way, so the GPU never holds a second model.

@@ -16,7 +16,7 @@ tokens of every assistant turn (its content and end-of-turn marker) and is -100 
 The whole text is tokenised once and tokens are labelled by their character offsets, so the ids are those
 the tokenizer gives the rendered conversation (no per-segment tokenisation artefacts).
 
-``build_sft_examples(..., cache=DIR)`` keeps its result in ``DIR/<key>.pkl`` (``calibration.disk_cache``: atomic,
+``build_sft_examples(..., cache=DIR)`` keeps its result in ``DIR/<key>.pkl`` (``common.disk_cache``: atomic,
 an unreadable file is rebuilt), so the trials of a node tokenise each (family, data, SFT config, seed) once; the
 key is ``sft_cache_key``.
 """
@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from jinja2 import TemplateError
 
-from calibration.datasource import DataSourceError, load_hub_dataset, resolve_data_dir
-from calibration.disk_cache import cache_key, cached_pickle, file_sha256
+from common.datasource import DataSourceError, load_hub_dataset, resolve_data_dir
+from common.disk_cache import cache_key, cached_pickle, file_sha256
 from calibration.plan_cache import tokenizer_fingerprint
 from trainable.config import SFTConfig
 

@@ -17,7 +17,7 @@ import tempfile
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from trainable.export import save_hf_model
 from trainable.config import TrialConfig
 from trainable.fault_injection import die_if_due, oom_if_due
 from trainable.lm_head import CausalLMWithFusedLoss
-from trainable.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
+from common.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_cache_counts, prepare_node
 from trainable.packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
@@ -92,23 +92,32 @@ Report = Callable[[dict[str, Any]], None]
 ReportCheckpoint = Callable[[dict[str, Any], Path | None], None]
 
 
-def _report_finished(trial: TrialConfig, directory: Path, rank: int, report: Report) -> dict[str, Any]:
+class TrialWriters(NamedTuple):
+    """Where a trial's outputs go, handed down by the layer that owns the results store (``sweeps.store``'s
+    functions): each takes (results root, run name, trial id, the output) and returns where it was stored."""
+
+    write_questions: Callable[[str, str, str, Any], str]  # the per-question records (a pyarrow Table)
+    write_model: Callable[[str, str, str, str], str]  # a local Hugging Face folder, moved into the store
+
+
+def _report_finished(trial: TrialConfig, directory: Path, rank: int, report: Report,
+                     writers: TrialWriters) -> dict[str, Any]:
     """A trial whose final checkpoint exists: its questions stored again (rank 0) and its final metrics reported."""
     import pyarrow.parquet as pq
 
-    from sweeps.store import write_questions
-
     final = json.loads((directory / checkpointing.FINAL_FILE).read_text())
     if rank == 0 and (directory / checkpointing.QUESTIONS_FILE).is_file():
-        write_questions(trial.results_dir, trial.run_name, trial.trial_id,
-                        pq.read_table(directory / checkpointing.QUESTIONS_FILE))
+        writers.write_questions(trial.results_dir, trial.run_name, trial.trial_id,
+                                pq.read_table(directory / checkpointing.QUESTIONS_FILE))
     report(final)
     return final
 
 
 def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: int, report: Report,
-              report_checkpoint: ReportCheckpoint | None = None, resume_from: Path | None = None) -> dict[str, Any]:
-    """Train and score one configuration; ``report`` receives progress and final metrics, which are returned.
+              report_checkpoint: ReportCheckpoint | None = None, resume_from: Path | None = None, *,
+              writers: TrialWriters) -> dict[str, Any]:
+    """Train and score one configuration; ``report`` receives progress and final metrics, which are returned;
+    ``writers`` store the per-question records (rank 0) and, with ``train.save_model``, the trained model.
 
     With ``report_checkpoint``, checkpoints are taken as ``train.checkpoint_every_*`` say: every rank writes its
     part into a local folder and hands it with the step's metrics to ``report_checkpoint`` instead of ``report``;
@@ -119,10 +128,9 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     """
     from calibration.evaluate import evaluate_model
     from calibration.prompt_states import evaluation_entropy_stats
-    from sweeps.store import write_questions
 
     if resume_from is not None and (resume_from / checkpointing.FINAL_FILE).is_file():
-        return _report_finished(trial, resume_from, rank, report)
+        return _report_finished(trial, resume_from, rank, report, writers)
     resumed = checkpointing.loop_state(resume_from) if resume_from is not None else None
     start = resumed.step if resumed else 0
     started = time.time()
@@ -223,7 +231,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     train_s = clock.stopped - clock.started
     model_path = None
     if trial.train.save_model:
-        model_path = save_model(model, tokenizer, trial, rank)
+        model_path = save_model(model, tokenizer, trial, rank, writers.write_model)
 
     eval_started = time.time()
     summary: dict[str, dict[str, float]] = {}
@@ -241,7 +249,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                                     ats_head=ats_head)
             summary, records = result.summary, result.records
             if rank == 0:  # the floor's inputs from rank 0's scorer alone (no collective: calibration.prompt_states)
-                write_questions(trial.results_dir, trial.run_name, trial.trial_id, records)
+                writers.write_questions(trial.results_dir, trial.run_name, trial.trial_id, records)
                 floor = evaluation_entropy_stats(scorer, tokenizer, trial.eval.tasks, data_dir=trial.data_dir,
                                                  limit=trial.eval.limit, batch_size=trial.eval.batch_size,
                                                  attention=attention.backends)
@@ -283,19 +291,18 @@ def _write_final(directory: Path, final: dict[str, Any], records, trial: TrialCo
         pq.write_table(records, directory / checkpointing.QUESTIONS_FILE)
 
 
-def save_model(model: torch.nn.Module, tokenizer: Any, trial: TrialConfig, rank: int) -> str | None:
+def save_model(model: torch.nn.Module, tokenizer: Any, trial: TrialConfig, rank: int,
+               write_model: Callable[[str, str, str, str], str]) -> str | None:
     """The trained model as a Hugging Face folder in the trial's place of the results store (rank 0 returns it,
-    other ranks None; collective). Written beside the store in a temporary folder first, then moved in whole."""
-    from sweeps.store import write_model
-
+    other ranks None; collective). Written in a temporary folder first, then handed whole to ``write_model``."""
     with tempfile.TemporaryDirectory() as directory:
         saved = save_hf_model(model, tokenizer, rank, directory)
         return write_model(trial.results_dir, trial.run_name, trial.trial_id, saved) if saved else None
 
 
-def train_fn_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train entry point: rebuild the ``TrialConfig`` and run it on this worker's device, from the run's latest
-    checkpoint if it has one (a retried or resumed trial)."""
+def train_fn_per_worker(config: dict[str, Any], writers: TrialWriters) -> None:
+    """Ray Train entry point (with ``writers`` bound: ``functools.partial``): rebuild the ``TrialConfig`` and run it
+    on this worker's device, from the run's latest checkpoint if it has one (a retried or resumed trial)."""
     import ray.train
     import ray.train.torch
     from ray.train import CheckpointConsistencyMode
@@ -322,7 +329,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     device, world_size = ray.train.torch.get_device(), context.get_world_size()
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
-        run_trial(trial, device, rank, world_size, report, report_checkpoint)
+        run_trial(trial, device, rank, world_size, report, report_checkpoint, writers=writers)
         return
     with checkpoint.as_directory() as directory:
-        run_trial(trial, device, rank, world_size, report, report_checkpoint, resume_from=Path(directory))
+        run_trial(trial, device, rank, world_size, report, report_checkpoint, resume_from=Path(directory),
+                  writers=writers)

@@ -1,4 +1,4 @@
-"""ATS settings (the YAML key ``eval.ats`` of a trial, ``--ats-set`` of ``python -m calibration.evaluate``).
+"""ATS settings (the YAML key ``eval.ats`` of a trial, ``--ats-set`` of ``calsweep evaluate``).
 
 Defaults are the authors' (github.com/Johnathan-Xie/adaptive-temperature-scaling: ``run_calibration.sh`` and
 ``calibration_configs/transformer_hidden_states/config.json``): Alpaca-GPT4, loss ``selective_smoothing`` with a
@@ -34,7 +34,7 @@ class ATSConfig:
     max_grad_norm: float = 1.0
 
     def problems(self) -> list[str]:
-        """Every invalid field as 'key: expected X, got Y' (``trainable.config.build`` prefixes the path)."""
+        """Every invalid field as 'key: expected X, got Y' (``common.config.build`` prefixes the path)."""
         problems = []
         for name in ("max_seq_len", "epochs", "batch_size", "learning_rate", "max_grad_norm"):
             if not getattr(self, name) > 0:

@@ -9,12 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from calibration.evaluate import EvalResult, apply_overrides, evaluate_model, main
+from calibration.evaluate import EvalResult, apply_overrides, evaluate_model
 from calibration.metrics import expected_calibration_error, rms_calibration_error
 from calibration.probabilities import choice_probs, pad, top_label
 from calibration.records import SCHEMA, read_records
 from calibration.rescore import main as rescore_main
 from calibration.task_config import TASKS
+from trainable.evaluate_cli import main
 
 SUMMARY_KEYS = {"accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "n_questions", "accuracy_norm",
                 "ece_norm", "rms_ce_norm", "mean_confidence_norm"}
@@ -133,7 +134,7 @@ def test_evaluate_cli_bad_inputs_are_one_line_errors(argv, message, capsys):
         main(argv)
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.count("\n") == 1 and message in err
-    assert err.startswith("python -m calibration.evaluate: error: ")
+    assert err.startswith("calsweep evaluate: error: ")
 
 
 def test_rescore_cli_bad_sources_are_one_line_errors(tmp_path, capsys):

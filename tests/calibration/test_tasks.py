@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from calibration import datasource
-from calibration.datasource import DataSourceError
+from common import datasource
+from common.datasource import DataSourceError
 from calibration.tasks import hellaswag_preprocess, load_arc_easy, load_hellaswag, load_mmlu
 
 

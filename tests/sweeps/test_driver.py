@@ -26,9 +26,9 @@ def test_one_line_is_the_innermost_cause():
 
 def test_one_line_of_a_worker_group_error_is_the_workers_own_error():
     error = WorkerGroupError("[Rank 0 Error Snippet]:\nTraceback (most recent call last):\n  File \"w.py\", line 3\n"
-                             "calibration.datasource.DataSourceError: missing /data/hellaswag/hellaswag_val.jsonl\n",
+                             "common.datasource.DataSourceError: missing /data/hellaswag/hellaswag_val.jsonl\n",
                              {})
-    assert one_line(error) == "calibration.datasource.DataSourceError: missing /data/hellaswag/hellaswag_val.jsonl"
+    assert one_line(error) == "common.datasource.DataSourceError: missing /data/hellaswag/hellaswag_val.jsonl"
 
 
 def test_trial_row_keeps_every_task_metric_and_refuses_an_unknown_one(tmp_path):

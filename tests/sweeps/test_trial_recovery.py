@@ -40,7 +40,7 @@ REL_TOL = 1e-5
 def uninterrupted_run(sweep, point, results_dir: Path) -> dict:
     """A trial of the sweep run through in this process (no Ray, no death): the reference."""
     trial = dataclasses.replace(sweep.trial(point), results_dir=str(results_dir))
-    return run_trial(trial, torch.device("cpu"), 0, 1, lambda metrics: None)
+    return run_trial(trial, torch.device("cpu"), 0, 1, lambda metrics: None, writers=store.trial_writers())
 
 
 def _launch(results: Path, *args: str) -> list[str]:

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from calibration.ats.head import load_head
+from common.config import ConfigError
 from sweeps import store
 from trainable.ats import ats_steps, trial_head_path
-from trainable.config import ConfigError, TrialConfig
+from trainable.config import TrialConfig
 from trainable.worker import run_trial
 
 
@@ -43,7 +44,8 @@ def test_trial_with_ats_trains_a_head_and_reports_every_metric_again(tiny_llama_
     give a batch without right tokens loss 0."""
     trial = _trial(tiny_llama_config, data_dir, tmp_path, enabled=True, max_examples=16, max_seq_len=64,
                    batch_size=4, max_steps=3, learning_rate=1e-2, balanced=False)
-    final = run_trial(trial, torch.device("cpu"), rank=0, world_size=1, report=lambda metrics: None)
+    final = run_trial(trial, torch.device("cpu"), rank=0, world_size=1, report=lambda metrics: None,
+                      writers=store.trial_writers())
     for task in ("arc_easy", "mmlu"):
         assert 0 <= final[f"{task}_ece_ats"] <= 1 and math.isfinite(final[f"{task}_nll_ats"])
         assert final[f"{task}_ece_ats"] != final[f"{task}_ece"]  # a trained head moved the confidences

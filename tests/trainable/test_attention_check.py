@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend
 
 from trainable.attention_check import MATH, agreement, choose_attention, loss_and_input_grad
 from trainable.lm_head import CausalLMWithFusedLoss
-from trainable.models import load_model, load_tokenizer, resolve_model
+from common.models import load_model, load_tokenizer, resolve_model
 from trainable.sft_data import build_sft_examples, collate
 from trainable.config import SFTConfig, TrialConfig
 

@@ -54,7 +54,8 @@ class Recorder:
 
 
 def _run(trial, recorder, resume_from=None):
-    return run_trial(trial, torch.device("cpu"), 0, 1, recorder.report, recorder.report_checkpoint, resume_from)
+    return run_trial(trial, torch.device("cpu"), 0, 1, recorder.report, recorder.report_checkpoint, resume_from,
+                     writers=store.trial_writers())
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,7 @@ import json, os, shutil, sys
 from pathlib import Path
 import torch, torch.distributed as dist
 from trainable.config import TrialConfig
+from sweeps import store
 from trainable.worker import run_trial
 config, out, resume = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 rank = int(os.environ["RANK"])
@@ -106,7 +108,7 @@ def keep(metrics, directory):
     if directory is not None:
         shutil.copytree(directory, out / f"{metrics['phase']}{metrics['step']}", dirs_exist_ok=True)
 run_trial(TrialConfig.from_dict(config), torch.device("cpu"), rank, 2, reports.append, keep,
-          Path(resume) if resume else None)
+          Path(resume) if resume else None, writers=store.trial_writers())
 (out / f"reports{rank}.json").write_text(json.dumps(reports))
 """
 

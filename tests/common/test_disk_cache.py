@@ -9,7 +9,7 @@ import pickle
 
 import pytest
 
-from calibration.disk_cache import MANIFEST, atomic_write, cached_folder, cached_pickle, file_sha256, folder_is_whole
+from common.disk_cache import MANIFEST, atomic_write, cached_folder, cached_pickle, file_sha256, folder_is_whole
 
 
 def test_atomic_write_leaves_the_old_file_when_the_writer_fails(tmp_path):

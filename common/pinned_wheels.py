@@ -19,7 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibration.disk_cache import atomic_write, exclusive, file_sha256
+from common.disk_cache import atomic_write, exclusive, file_sha256
 
 
 @dataclass(frozen=True)

