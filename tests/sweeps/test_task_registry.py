@@ -18,7 +18,7 @@ from sweeps.analysis.load import load_results, parse_filter
 from sweeps.config import load_sweep
 from sweeps.driver import trial_row
 from sweeps.progress import TrialProgress
-from trainable.config import ConfigError
+from common.config import ConfigError
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
 NEW = TaskConfig("arc_easy_copy", "arc_easy", "arc_lettered", split="test", fewshot_split="train", title="ARC copy")
