@@ -14,7 +14,8 @@ through ``kernels.linear_cross_entropy(h, W, target, reduction="none", softcap=s
 / s))[target]: no (batch x positions x vocabulary) logits are formed, so a 262k vocabulary costs nothing extra.
 That rests on logits = softcap(hidden @ W^T) with W the output embedding; it is checked once per call against
 the model's own logits, and a model for which it does not hold (extra logit scaling) is scored through its own
-forward with ``logits_to_keep`` instead. Values stay on the device until the end: one host sync per call.
+forward with ``logits_to_keep`` instead. Values stay on the device until the end: two host syncs per call (that
+check, and reading the values).
 
 With an ATS head (``score_prompts_with_ats``, ``calibration.ats``) the same pass also reads every log-likelihood
 with token i's logits divided by its temperature tau_i (its hidden row scaled by 1 / tau_i): the head runs on the

@@ -446,7 +446,7 @@ def _softmax_part(
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
     e_rows = hidden if hidden.stride(1) == 1 else hidden.contiguous()  # cuBLAS operands
     c_rows = weight if weight.stride(1) == 1 else weight.contiguous()
-    alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # the only float16 host sync
+    alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
     for r0 in range(0, n, chunk_rows):
         nr = min(chunk_rows, n - r0)
         rb0, rb1 = r0 // ft.block_n, triton.cdiv(r0 + nr, ft.block_n)
