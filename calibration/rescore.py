@@ -74,8 +74,8 @@ def rescore(source: str | Path, *, n_bins: int = 15, temperature: str = "1", sco
     return summary
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m calibration.rescore", description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "python -m calibration.rescore") -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("source", help="an output directory of calsweep evaluate, a sweep store's "
                                        "per-question file (results/questions/<run>__<trial>.parquet), or lm-eval's "
                                        "samples_<task>_<date>.jsonl (--log_samples) or the folder holding them")

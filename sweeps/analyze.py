@@ -159,8 +159,8 @@ def parse_formats(text: str) -> tuple[str, ...]:
     return formats
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
-    parser = argparse.ArgumentParser(prog="python sweeps/analyze.py", description=__doc__.split("\n")[0],
+def main(argv: Sequence[str] | None = None, prog: str = "python sweeps/analyze.py") -> list[Path]:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("results", help="results store root (local path or pyarrow URI, e.g. s3://bucket/results)")
     parser.add_argument("--filter", default=None, metavar="KEY=VALUE,...",

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from common.config import suggest
 
-COMMANDS = {  # name -> (module whose main(argv) runs it, what it does)
+COMMANDS = {  # name -> (module whose main(argv, prog) runs it, what it does)
     "launch": ("sweeps.launch", "run a label-smoothing calibration sweep (Ray Tune x DeepSpeed)"),
     "analyze": ("sweeps.analyze", "the paper's tables and figures from a results store"),
     "evaluate": ("trainable.evaluate_cli", "score a model's calibration without SFT, optionally with an ATS head"),
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{suggest(argv[0], COMMANDS) if argv else ''}", file=sys.stderr)
         return 2
     module, _ = COMMANDS[argv[0]]
-    result = importlib.import_module(module).main(argv[1:])
+    result = importlib.import_module(module).main(argv[1:], prog=f"calsweep {argv[0]}")  # usage names calsweep
     return result if isinstance(result, int) else 0
 
 

@@ -28,9 +28,12 @@ from sweeps.preflight import preflight, stale_problems
 DRIVER_CPUS = 0.001  # a trial's Tune function only waits on its TorchTrainer
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+PROG = "python sweeps/launch.py"  # the name usage and help show; `calsweep launch` passes its own
+
+
+def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python sweeps/launch.py",
+        prog=prog,
         description="Run a grid of SFT trials (model family x learning rate x label smoothing beta x seed) with Ray "
                     "Tune; each trial trains with DeepSpeed and the fused label-smoothed loss, then scores "
                     "calibration (accuracy, ECE, RMS calibration error) on MMLU, ARC-Easy and HellaSwag.",
@@ -243,8 +246,8 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
         tuner.fit()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     try:
         config = args.config
         if args.resume:

@@ -64,8 +64,8 @@ def _ats_head(args: argparse.Namespace, config: Any, model: Any, tokenizer: Any,
     return head
 
 
-def main(argv: Sequence[str] | None = None) -> EvalResult:
-    parser = argparse.ArgumentParser(prog="calsweep evaluate", description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "calsweep evaluate") -> EvalResult:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="registry name (smollm2-135m, gemma3-270m), hub id or path")
     parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma list, e.g. mmlu,arc_easy,hellaswag")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TASK.FIELD=VALUE",

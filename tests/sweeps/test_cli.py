@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from sweeps import cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,3 +52,10 @@ def test_evaluate_and_rescore_dispatch_to_their_entry_points(tmp_path):
     assert evaluate.returncode == 2 and evaluate.stderr.startswith("calsweep evaluate: error: unknown model family")
     rescore = _calsweep("rescore", "--help", cwd=tmp_path)
     assert rescore.returncode == 0 and "--temperature" in rescore.stdout
+
+
+def test_each_subcommand_names_itself_calsweep_in_its_usage(capsys):
+    for name in cli.COMMANDS:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([name, "--help"])
+        assert exit_.value.code == 0 and capsys.readouterr().out.startswith(f"usage: calsweep {name} "), name
