@@ -78,8 +78,15 @@ def _validate(
         raise ValueError(f"expected softcap None or > 0, got {softcap}")
     if filter not in FILTERS:
         raise ValueError(f"expected filter in {FILTERS}, got {filter!r}")
-    vocab = weight.shape[0]
-    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+
+
+def _out_of_range(targets: torch.Tensor, ignore_index: int, vocab: int) -> torch.Tensor:
+    """Per target: outside [0, vocab) and not ignore_index (computed where targets are, no host sync)."""
+    return (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+
+
+def _check_range(bad: torch.Tensor, targets: torch.Tensor, ignore_index: int, vocab: int) -> None:
+    """Raise on the first out-of-range target (a host sync on CUDA)."""
     if bool(bad.any()):
         raise ValueError(
             f"expected targets in [0, {vocab}) or == ignore_index ({ignore_index}), "
@@ -112,6 +119,9 @@ def linear_cross_entropy(
     states). The loss and the target and label-smoothing parts of the gradient are never filtered.
     """
     _validate(hidden, weight, targets, label_smoothing, ignore_index, reduction, softcap, filter)
+    bad = _out_of_range(targets, ignore_index, weight.shape[0])
+    if not hidden.is_cuda:
+        _check_range(bad, targets, ignore_index, weight.shape[0])
     lead_shape = targets.shape
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1)
@@ -120,6 +130,8 @@ def linear_cross_entropy(
         flat_hidden, weight, flat_targets, backend, float(label_smoothing), int(ignore_index),
         None if softcap is None else float(softcap), filter,
     )
+    if hidden.is_cuda:  # checked once the kernels are queued (they treat such targets as ignored): the sync
+        _check_range(bad, targets, ignore_index, weight.shape[0])  # then leaves no gap on the GPU
     if reduction == "sum":
         out = loss.sum()
     elif reduction == "mean":

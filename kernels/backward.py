@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 import torch
 import triton
 import triton.language as tl
@@ -53,6 +55,7 @@ class BackwardTiles:
     dz_elements: int = 1 << 25  # largest dZ chunk (chunk rows x chunk_vocab): 64 MiB in bf16
     chunk_vocab: int = 4096  # multiple of block_v; dE is read and written once per vocabulary chunk
     cublas_min_active: float = 0.5  # share of active tiles from which a chunk's GEMMs run in cuBLAS (inf: never)
+    dz_block_v: int = 256  # vocabulary width of a dZ recompute tile; divides the filter tile (forward block_v)
     gemm_m: int = 128  # output rows of the Triton dC / dE GEMM tiles; divides block_n and block_v
     gemm_d: int = 128
     gemm_k: int = 64
@@ -68,21 +71,23 @@ def _dz_kernel(
     E, C, Y, PERM, LSE, G, GSCALE, ACTIVE, DZ,
     N, V, D, r0, c0, vc, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    MASKED: tl.constexpr, ZERO_SKIPPED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DENSE_UNIFORM: tl.constexpr,
-    HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, ZERO_SKIPPED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    DENSE_UNIFORM: tl.constexpr, HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
     softcap), v = PERM[j] (v = j without HAS_PERM), for one (BLOCK_N x BLOCK_V) tile of the chunk starting at
-    row r0, vocabulary position c0; with MASKED, skipped tiles are left as they are (ZERO_SKIPPED: set to 0)."""
+    row r0, vocabulary position c0; with MASKED, tiles inside a skipped (BLOCK_N x MASK_V) filter tile are left
+    as they are (ZERO_SKIPPED: set to 0)."""
     pid = tl.program_id(0)
     tiles_v = tl.cdiv(vc, BLOCK_V)
     tn = pid // tiles_v
     tv = pid % tiles_v
     rows = r0 + tn * BLOCK_N + tl.arange(0, BLOCK_N)
-    out = DZ + (rows - r0).to(tl.int64)[:, None] * stride_dz + (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :]
     if MASKED:
-        if tl.load(ACTIVE + (r0 // BLOCK_N + tn) * num_vtiles + c0 // BLOCK_V + tv) == 0:
+        if tl.load(ACTIVE + (r0 // BLOCK_N + tn) * num_vtiles + (c0 + tv * BLOCK_V) // MASK_V) == 0:
             if ZERO_SKIPPED:
+                out = DZ + (tn * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * stride_dz
+                out += (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :]
                 tl.store(out, tl.zeros((BLOCK_N, BLOCK_V), dtype=DZ.dtype.element_ty))
             return
     cols = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -105,7 +110,9 @@ def _dz_kernel(
     dz = dz * g[:, None]
     if HAS_SOFTCAP:
         dz = dz * (1.0 - (z / softcap) * (z / softcap))
-    tl.store(out, dz.to(DZ.dtype.element_ty))
+    # the (BLOCK_N x BLOCK_V) pointers only now: built before the GEMM they stay live through it and spill
+    out = DZ + (tn * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * stride_dz
+    tl.store(out + (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :], dz.to(DZ.dtype.element_ty))
 
 
 @triton.jit
@@ -405,6 +412,28 @@ def _accumulate_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: 
         acc.addmm_(a.float(), b.float(), alpha=alpha)
 
 
+class _AsyncHostCopy:
+    """A host copy of a CUDA tensor started now and waited for on first use, so that the GPU has work queued
+    while the host waits (on the CPU: a plain copy)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.arrived = not t.is_cuda
+        self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        self._host.copy_(t, non_blocking=t.is_cuda)
+        self._ready = None
+        if t.is_cuda:
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        self._array = None
+
+    def get(self) -> np.ndarray:
+        if self._array is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            self._array, self.arrived = self._host.numpy(), True
+        return self._array
+
+
 def chunk_shape(row_blocks: int, num_vtiles: int, d: int, n: int, itemsize: int, has_acc: bool) -> tuple[int, int]:
     """(chunk rows, chunk vocabulary) of the dZ chunk: TILES.chunk_vocab wide (at most the vocabulary), as many
     whole row blocks as TILES.dz_elements and TILES.extra_bytes less the float32 dE accumulator allow (at least one)."""
@@ -434,8 +463,8 @@ def _softmax_part(
         active = active_tiles(tile_max, lse, g, vocab)
         if filter == "loose":
             active = loose_active_tiles(active, tile_log_mass)
-    active_cpu = active.cpu().numpy()
     active_i8 = active.to(torch.int8)
+    host = _AsyncHostCopy(active)
     row_blocks, num_vtiles = tile_max.shape
     chunk_rows, chunk_vocab = chunk_shape(row_blocks, num_vtiles, d, n, hidden.element_size(), acc is not None)
     dz = torch.empty(chunk_rows, chunk_vocab, dtype=hidden.dtype, device=hidden.device)
@@ -444,39 +473,45 @@ def _softmax_part(
     flags = dot_flags(hidden.dtype)
     d_tiles = triton.cdiv(d, bt.gemm_d)
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
-    e_rows = hidden if hidden.stride(1) == 1 else hidden.contiguous()  # cuBLAS operands
-    c_rows = weight if weight.stride(1) == 1 else weight.contiguous()
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
+
+    def recompute(r0: int, c0: int, vc: int, rb: int, masked: bool, zero_skipped: bool) -> None:
+        _dz_kernel[(rb * triton.cdiv(vc, bt.dz_block_v),)](
+            hidden, weight, y, perm, lse, g, gscale, active_i8, dz,
+            n, vocab, d, r0, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
+            beta / vocab, softcap or 1.0,
+            BLOCK_N=ft.block_n, BLOCK_V=bt.dz_block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
+            MASK_V=ft.block_v, MASKED=masked, ZERO_SKIPPED=zero_skipped, HAS_SOFTCAP=softcap is not None,
+            DENSE_UNIFORM=dense_uniform, HAS_PERM=has_perm, num_warps=ft.num_warps, num_stages=ft.num_stages,
+            **flags,
+        )
+
     for r0 in range(0, n, chunk_rows):
         nr = min(chunk_rows, n - r0)
         rb0, rb1 = r0 // ft.block_n, triton.cdiv(r0 + nr, ft.block_n)
         for c0 in range(0, vocab, chunk_vocab):
             vc = min(chunk_vocab, vocab - c0)
             vt0, vt1 = c0 // ft.block_v, triton.cdiv(c0 + vc, ft.block_v)
-            block = active_cpu[rb0:rb1, vt0:vt1]
-            share = float(block.mean())
+            early = not host.arrived  # the first chunk's dZ is queued (masked, skipped tiles zeroed) before the wait
+            if early:
+                recompute(r0, c0, vc, rb1 - rb0, masked=True, zero_skipped=True)
+            share = float(host.get()[rb0:rb1, vt0:vt1].mean())
             if share == 0.0:
                 continue
             masked = share < 1.0
             cublas = share >= bt.cublas_min_active
-            _dz_kernel[((rb1 - rb0) * (vt1 - vt0),)](
-                hidden, weight, y, perm, lse, g, gscale, active_i8, dz,
-                n, vocab, d, r0, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
-                beta / vocab, softcap or 1.0,
-                BLOCK_N=ft.block_n, BLOCK_V=ft.block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
-                MASKED=masked, ZERO_SKIPPED=cublas, HAS_SOFTCAP=softcap is not None, DENSE_UNIFORM=dense_uniform,
-                HAS_PERM=has_perm, num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
-            )
+            if not early:
+                recompute(r0, c0, vc, rb1 - rb0, masked=masked, zero_skipped=cublas)
             if cublas:
                 dz_chunk = dz[:nr, :vc]
                 ids = order[c0 : c0 + vc] if has_perm else None
                 if d_weight is not None and ids is None:  # d_weight holds u and earlier row chunks: one rounding
-                    d_weight[c0 : c0 + vc].addmm_(dz_chunk.T, e_rows[r0 : r0 + nr], alpha=alpha)
+                    d_weight[c0 : c0 + vc].addmm_(dz_chunk.T, hidden[r0 : r0 + nr], alpha=alpha)
                 elif d_weight is not None:  # the chunk's rows gathered, updated with one rounding, scattered back
-                    part = d_weight.index_select(0, ids).addmm_(dz_chunk.T, e_rows[r0 : r0 + nr], alpha=alpha)
+                    part = d_weight.index_select(0, ids).addmm_(dz_chunk.T, hidden[r0 : r0 + nr], alpha=alpha)
                     d_weight.index_copy_(0, ids, part)
                 if acc is not None:
-                    c_chunk = c_rows[c0 : c0 + vc] if ids is None else c_rows.index_select(0, ids)
+                    c_chunk = weight[c0 : c0 + vc] if ids is None else weight.index_select(0, ids)
                     _accumulate_f32(acc[r0 : r0 + nr], dz_chunk, c_chunk, alpha)
                 continue
             n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None else 0

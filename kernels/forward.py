@@ -144,7 +144,7 @@ def triton_forward(
     vocab = weight.shape[0]
     dev = hidden.device
     valid = targets != ignore_index
-    y = torch.where(valid, targets, -1)
+    y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
     tl_args = dict(
         HAS_SOFTCAP=softcap is not None, **dot_flags(hidden.dtype),
     )

@@ -66,16 +66,39 @@ def test_moderate_shape(dtype: torch.dtype, beta: float, softcap: float | None, 
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
-@pytest.mark.parametrize("cublas_min_active", [0.0, 0.5, float("inf")])
-def test_mixed_filtering(cublas_min_active: float, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("cublas_min_active", "dz_block_v", "column_major"),
+    [(0.0, 256, False), (0.5, 256, False), (float("inf"), 256, False), (0.5, 128, True)],
+)
+def test_mixed_filtering(
+    cublas_min_active: float, dz_block_v: int, column_major: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Peaked rows and one flat row block: vocabulary chunks are skipped, partly active or dense; their GEMMs run
-    in cuBLAS (skipped tiles zeroed, dE accumulated in float32) or in the Triton GEMMs (masked or not)."""
-    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(cublas_min_active=cublas_min_active))
+    in cuBLAS (skipped tiles zeroed, dE accumulated in float32) or in the Triton GEMMs (masked or not); dZ tiles
+    128 wide; column-major hidden and weight (strided cuBLAS operands, no copy of the head)."""
+    tiles = backward.BackwardTiles(cublas_min_active=cublas_min_active, dz_block_v=dz_block_v)
+    monkeypatch.setattr(backward, "TILES", tiles)
     hidden, weight, targets = make_case(1000, 50000, 512, torch.bfloat16, peaked=True, ignore_frac=0.1, device="cuda")
     hidden[128:256] *= 0.05
     kw = dict(label_smoothing=0.1)
-    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    h_in, w_in = hidden, weight
+    if column_major:
+        h_in, w_in = hidden.T.contiguous().T, weight.T.contiguous().T  # dense, so loss_and_grads' clone keeps them
+    ours = loss_and_grads(linear_cross_entropy, h_in, w_in, targets, **kw)
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), torch.bfloat16)
+
+
+def test_out_of_range_target_raises_after_the_kernels() -> None:
+    """On CUDA the range check runs once the forward is queued: the kernels must not read out of bounds, the
+    error is the API's, and the device stays usable."""
+    hidden, weight, targets = make_case(300, 5000, 128, torch.bfloat16, device="cuda")
+    bad = targets.clone()
+    bad[7] = 5000
+    with pytest.raises(ValueError, match=r"expected targets in \[0, 5000\) or == ignore_index \(-100\), got 5000"):
+        linear_cross_entropy(hidden, weight, bad)
+    torch.cuda.synchronize()
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets), torch.bfloat16)
 
 
 def test_loose_filter() -> None:

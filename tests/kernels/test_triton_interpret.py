@@ -75,8 +75,10 @@ def test_matches_reference(dtype: torch.dtype, beta: float, reduction: str) -> N
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
-def _small_chunks(cublas_min_active: float) -> backward.BackwardTiles:
-    return backward.BackwardTiles(dz_elements=256 * 512, chunk_vocab=512, cublas_min_active=cublas_min_active)
+def _small_chunks(cublas_min_active: float, dz_block_v: int = 256) -> backward.BackwardTiles:
+    return backward.BackwardTiles(
+        dz_elements=256 * 512, chunk_vocab=512, cublas_min_active=cublas_min_active, dz_block_v=dz_block_v,
+    )
 
 
 def test_dense_chunks_with_the_triton_gemms(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,15 +106,18 @@ def _peaked_mixed(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch
     return hidden, weight, targets
 
 
-@pytest.mark.parametrize(("beta", "cublas_min_active"), [(0.0, 0.5), (0.1, 0.5), (0.1, 0.0), (0.1, float("inf"))])
+@pytest.mark.parametrize(
+    ("beta", "cublas_min_active", "dz_block_v"),
+    [(0.0, 0.5, 256), (0.1, 0.5, 256), (0.1, 0.0, 256), (0.1, float("inf"), 256), (0.1, 0.5, 128)],
+)
 def test_filtering_skips_blocks_and_stays_within_bound(
-    beta: float, cublas_min_active: float, monkeypatch: pytest.MonkeyPatch,
+    beta: float, cublas_min_active: float, dz_block_v: int, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Filtered vs unfiltered gradients differ by at most the filter's bound plus one bf16 ulp:
     |dE_i| change <= FILTER_MASS g_i max|C|, |dC_v| change <= FILTER_MASS / V sum_i g_i max|E|. Partly active
     chunks go through cuBLAS with zeroed skipped tiles (cublas_min_active 0), the masked Triton GEMMs (inf), or by
-    their share (0.5)."""
-    monkeypatch.setattr(backward, "TILES", _small_chunks(cublas_min_active))
+    their share (0.5); dZ recompute tiles half a filter tile wide (dz_block_v 128) follow the filter's mask."""
+    monkeypatch.setattr(backward, "TILES", _small_chunks(cublas_min_active, dz_block_v))
     dtype = torch.bfloat16
     hidden, weight, targets = _peaked_mixed(dtype)
     _, lse, _, _, (_, _, _, tile_max, _, _) = forward.triton_forward(hidden, weight, targets, beta, -100, None)
