@@ -3,7 +3,9 @@
 Methods: ours (kernels.linear_cross_entropy) with filter="exact" (the default) and filter="loose", torch eager
 (F.cross_entropy on materialised logits upcast to float32, as Hugging Face does), torch.compile of the same,
 Liger's FusedLinearCrossEntropy and Cut Cross-Entropy (beta = 0 only: no smoothing support; default options,
-its gradient filter included). Each at beta 0 and 0.1, on inputs (bf16, no ignored tokens):
+its gradient filter included). Each at beta 0 and 0.1, on inputs (bf16, no ignored tokens). As floors, the
+matrix products alone (no loss, `_GemmsOnly`): four GEMMs in our chunks (O(N) memory) and three with the logits
+kept (torch.compile's structure); on a power-limited GPU these, not peak TFLOP/s, bound what a design can reach.
 - random (at --n/--vocab/--dim, the paper's shape by default): E ~ N(0, 1), C ~ N(0, 1 / D): logits ~ N(0, 1),
   a flat softmax (the gradient filter skips nothing).
 - peaked (synthetic): CCE's trick, as kernels.testing.make_case: rows of E scaled to norm sqrt(D), distinct
@@ -83,6 +85,51 @@ def _eager(beta: float) -> Loss:
     return loss
 
 
+class _GemmsOnly(torch.autograd.Function):
+    """The matrix products of a fused loss without the loss, the floor a kernel's design can reach: forward
+    Z = E C^T, backward dE = dZ C and dC = dZ^T E with dZ = Z (no softmax, no filter). keep=False: Z in chunks
+    of our backward's shape, recomputed in the backward (four GEMMs, O(N) memory, like ours); keep=True: Z kept
+    whole (three GEMMs, torch.compile's structure). Returns 0 * Z[0, 0] so that backward() runs."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, keep: bool) -> torch.Tensor:  # noqa: ANN001
+        ctx.save_for_backward(hidden, weight)
+        ctx.z = hidden @ weight.T if keep else None
+        if keep:
+            return 0.0 * ctx.z[0, 0].float()
+        rows, cols = ctx.chunk = backward.chunk_shape(
+            -(-hidden.shape[0] // forward.TILES.block_n), -(-weight.shape[0] // forward.TILES.block_v),
+            hidden.shape[1], hidden.shape[0], hidden.element_size(), True,
+        )
+        z = torch.empty(rows, cols, dtype=hidden.dtype, device=hidden.device)
+        for r0 in range(0, hidden.shape[0], rows):
+            for c0 in range(0, weight.shape[0], cols):
+                e, c = hidden[r0 : r0 + rows], weight[c0 : c0 + cols]
+                torch.mm(e, c.T, out=z[: e.shape[0], : c.shape[0]])
+        return 0.0 * z[0, 0].float()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+        hidden, weight = ctx.saved_tensors
+        if ctx.z is not None:
+            return ctx.z @ weight, ctx.z.T @ hidden, None
+        rows, cols = ctx.chunk
+        d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+        d_weight = torch.empty_like(weight)
+        z = torch.empty(rows, cols, dtype=hidden.dtype, device=hidden.device)
+        for r0 in range(0, hidden.shape[0], rows):
+            for c0 in range(0, weight.shape[0], cols):
+                e, c = hidden[r0 : r0 + rows], weight[c0 : c0 + cols]
+                zc = z[: e.shape[0], : c.shape[0]]
+                torch.mm(e, c.T, out=zc)
+                if r0 == 0:
+                    torch.mm(zc.T, e, out=d_weight[c0 : c0 + cols])
+                else:
+                    d_weight[c0 : c0 + cols].addmm_(zc.T, e)
+                torch.addmm(d_hidden[r0 : r0 + rows], zc, c, out_dtype=torch.float32, out=d_hidden[r0 : r0 + rows])
+        return d_hidden.to(hidden.dtype), d_weight, None
+
+
 def methods(beta: float, device: str) -> dict[str, Loss]:
     """Name -> loss function of (hidden, weight, targets); libraries that are missing are left out."""
     out: dict[str, Loss] = {
@@ -106,6 +153,9 @@ def methods(beta: float, device: str) -> dict[str, Loss]:
             print(f"Liger not available: {e}")
     out["torch eager"] = _eager(beta)
     out["torch.compile"] = torch.compile(_eager(beta))
+    if device == "cuda" and beta == 0.0:  # the floors (no loss; the same products at either beta)
+        out["GEMMs only, 4 (chunked)"] = lambda h, w, y: _GemmsOnly.apply(h, w, False)
+        out["GEMMs only, 3 (logits kept)"] = lambda h, w, y: _GemmsOnly.apply(h, w, True)
     return out
 
 

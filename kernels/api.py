@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from kernels import reference
+from kernels._host import AsyncHostCopy
 from kernels.function import Backend, LinearCrossEntropyFunction
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -80,18 +81,27 @@ def _validate(
         raise ValueError(f"expected filter in {FILTERS}, got {filter!r}")
 
 
-def _out_of_range(targets: torch.Tensor, ignore_index: int, vocab: int) -> torch.Tensor:
-    """Per target: outside [0, vocab) and not ignore_index (computed where targets are, no host sync)."""
-    return (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+class TargetRangeCheck:
+    """Raises ValueError naming the first target outside [0, vocab) that is not ignore_index. `start()` queues
+    the test and a host copy of its flag; calling reads the flag. On CUDA, started after the forward kernels and
+    called at the end of the backward, it costs no host sync that leaves the GPU idle (the kernels treat such
+    targets as ignored meanwhile)."""
 
+    def __init__(self, targets: torch.Tensor, ignore_index: int, vocab: int) -> None:
+        self._targets, self._ignore_index, self._vocab = targets, ignore_index, vocab
 
-def _check_range(bad: torch.Tensor, targets: torch.Tensor, ignore_index: int, vocab: int) -> None:
-    """Raise on the first out-of-range target (a host sync on CUDA)."""
-    if bool(bad.any()):
-        raise ValueError(
-            f"expected targets in [0, {vocab}) or == ignore_index ({ignore_index}), "
-            f"got {targets[bad][0].item()}"
-        )
+    def start(self) -> TargetRangeCheck:
+        targets, vocab = self._targets, self._vocab
+        self._bad = (targets != self._ignore_index) & ((targets < 0) | (targets >= vocab))
+        self._flag = AsyncHostCopy(self._bad.any().reshape(1))
+        return self
+
+    def __call__(self) -> None:
+        if self._flag.get()[0]:
+            raise ValueError(
+                f"expected targets in [0, {self._vocab}) or == ignore_index ({self._ignore_index}), "
+                f"got {self._targets[self._bad][0].item()}"
+            )
 
 
 def linear_cross_entropy(
@@ -117,21 +127,27 @@ def linear_cross_entropy(
     "loose" drops at most 2^-8 per token (backward.LOOSE_MASS), spent on the least likely vocabulary tiles
     first, with the vocabulary sorted by mean logit so that likely tokens share tiles (faster on real hidden
     states). The loss and the target and label-smoothing parts of the gradient are never filtered.
+    Bad input raises ValueError; on CUDA with gradients required, an out-of-range target raises in backward().
     """
     _validate(hidden, weight, targets, label_smoothing, ignore_index, reduction, softcap, filter)
-    bad = _out_of_range(targets, ignore_index, weight.shape[0])
-    if not hidden.is_cuda:
-        _check_range(bad, targets, ignore_index, weight.shape[0])
+    check = TargetRangeCheck(targets, ignore_index, weight.shape[0])
+    if not hidden.is_cuda:  # the CPU path indexes with the targets: checked first
+        check.start()()
     lead_shape = targets.shape
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1)
     backend = select_backend(flat_hidden)
+    # CUDA: with gradients, the check raises at the end of the backward (no host sync in the forward)
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    backward_check = check if hidden.is_cuda and wants_grad else None
     loss, lse, target_prob, max_prob = LinearCrossEntropyFunction.apply(
         flat_hidden, weight, flat_targets, backend, float(label_smoothing), int(ignore_index),
-        None if softcap is None else float(softcap), filter,
+        None if softcap is None else float(softcap), filter, backward_check,
     )
-    if hidden.is_cuda:  # checked once the kernels are queued (they treat such targets as ignored): the sync
-        _check_range(bad, targets, ignore_index, weight.shape[0])  # then leaves no gap on the GPU
+    if hidden.is_cuda:  # queued behind the forward kernels
+        check.start()
+        if backward_check is None:
+            check()
     if reduction == "sum":
         out = loss.sum()
     elif reduction == "mean":

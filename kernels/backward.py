@@ -35,13 +35,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 
 import torch
 import triton
 import triton.language as tl
 
 from kernels import forward
+from kernels._host import AsyncHostCopy
 from kernels._tl_utils import dot_acc, dot_flags, logits_tile, softcap_fn
 
 # Probability mass per token that gradient filtering may drop (see module docstring); 0 disables filtering.
@@ -55,7 +55,7 @@ class BackwardTiles:
     dz_elements: int = 1 << 25  # largest dZ chunk (chunk rows x chunk_vocab): 64 MiB in bf16
     chunk_vocab: int = 4096  # multiple of block_v; dE is read and written once per vocabulary chunk
     cublas_min_active: float = 0.5  # share of active tiles from which a chunk's GEMMs run in cuBLAS (inf: never)
-    dz_block_v: int = 256  # vocabulary width of a dZ recompute tile; divides the filter tile (forward block_v)
+    dz_block_v: int = 128  # vocabulary width of a dZ recompute tile; divides the filter tile (forward block_v)
     gemm_m: int = 128  # output rows of the Triton dC / dE GEMM tiles; divides block_n and block_v
     gemm_d: int = 128
     gemm_k: int = 64
@@ -241,27 +241,33 @@ def _finalize_de_kernel(
 
 @triton.jit
 def _target_dc_kernel(
-    DC, E, A, ORDER, SEG, UNIQ, U, D, stride_en, stride_ed, stride_dcv, stride_dcd,
-    BLOCK_U: tl.constexpr, BLOCK_D: tl.constexpr,
+    DC, E, A, ORDER, SORTED, N, D, stride_en, stride_ed, stride_dcv, stride_dcd,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """dC[u] += sum over tokens j with target u of a_j E_j for BLOCK_U distinct targets u, summed in float32
-    before one rounding (ORDER lists the tokens sorted by target; SEG[k] is where target UNIQ[k] starts)."""
-    us = tl.program_id(0) * BLOCK_U + tl.arange(0, BLOCK_U)
-    u_ok = us < U
-    ds = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = ds < D
-    start = tl.load(SEG + us, mask=u_ok, other=0)
-    count = tl.load(SEG + us + 1, mask=u_ok, other=0) - start
-    acc = tl.zeros((BLOCK_U, BLOCK_D), dtype=tl.float32)
-    for j in range(0, tl.max(count, axis=0)):
-        t_ok = j < count
-        i = tl.load(ORDER + start + j, mask=t_ok, other=0)
-        e = tl.load(E + i[:, None] * stride_en + ds[None, :] * stride_ed, mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-        acc += tl.load(A + i, mask=t_ok, other=0.0)[:, None] * e.to(tl.float32)
-    v = tl.load(UNIQ + us, mask=u_ok, other=0)
-    ok = u_ok[:, None] & d_ok[None, :]
-    ptrs = DC + v[:, None] * stride_dcv + ds[None, :] * stride_dcd
-    tl.store(ptrs, (tl.load(ptrs, mask=ok, other=0.0).to(tl.float32) + acc).to(DC.dtype.element_ty), mask=ok)
+    """dC[u] += sum over tokens j with target u of a_j E_j, summed in float32 before one rounding. SORTED holds the
+    targets in ascending order (-1: ignored), ORDER their tokens; the program at sorted position k does target u =
+    SORTED[k] if u's run starts at k (BLOCK_T tokens of the run at a time), else nothing. No host sync."""
+    k = tl.program_id(0)
+    u = tl.load(SORTED + k)
+    prev = tl.load(SORTED + tl.maximum(k - 1, 0))
+    if (u >= 0) & ((k == 0) | (prev != u)):
+        ds = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        d_ok = ds < D
+        acc = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
+        start = k
+        more = start < N
+        while more:
+            ts = start + tl.arange(0, BLOCK_T)
+            same = tl.load(SORTED + ts, mask=ts < N, other=-1) == u
+            i = tl.load(ORDER + ts, mask=same, other=0)
+            e = tl.load(E + i[:, None] * stride_en + ds[None, :] * stride_ed, mask=same[:, None] & d_ok[None, :],
+                        other=0.0)
+            acc += tl.load(A + i, mask=same, other=0.0)[:, None] * e.to(tl.float32)
+            start += BLOCK_T
+            more = (tl.sum(same.to(tl.int32), axis=0) == BLOCK_T) & (start < N)
+        ptrs = DC + u * stride_dcv + ds * stride_dcd
+        old = tl.load(ptrs, mask=d_ok, other=0.0).to(tl.float32)
+        tl.store(ptrs, (old + tl.sum(acc, axis=0)).to(DC.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -328,16 +334,6 @@ def loose_active_tiles(exact_active: torch.Tensor, tile_log_mass: torch.Tensor) 
     return torch.empty_like(keep_sorted).scatter_(1, order, keep_sorted)
 
 
-def _target_segments(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens with a target, ordered by target: (order, segment starts incl. end, distinct targets)."""
-    idx = torch.nonzero(y >= 0).squeeze(1)
-    sorted_y, perm = torch.sort(y[idx])
-    uniq, counts = torch.unique_consecutive(sorted_y, return_counts=True)
-    seg = torch.zeros(uniq.numel() + 1, dtype=torch.int64, device=y.device)
-    torch.cumsum(counts, dim=0, out=seg[1:])
-    return idx[perm], seg, uniq
-
-
 def triton_backward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, saved: tuple[torch.Tensor, ...],
     grad_loss: torch.Tensor, label_smoothing: float, ignore_index: int, softcap: float | None, filter: str,
@@ -383,12 +379,10 @@ def triton_backward(
             )
         d_hidden = out
     if d_weight is not None and n > 0:
-        order, seg, uniq = _target_segments(y)
-        if uniq.numel() > 0:
-            _target_dc_kernel[(triton.cdiv(uniq.numel(), 16), triton.cdiv(d, 128))](
-                d_weight, hidden, a, order, seg, uniq, uniq.numel(), d, *hidden.stride(), *d_weight.stride(),
-                BLOCK_U=16, BLOCK_D=128,
-            )
+        sorted_y, tokens = torch.sort(y)
+        _target_dc_kernel[(n, triton.cdiv(d, 128))](
+            d_weight, hidden, a, tokens, sorted_y, n, d, *hidden.stride(), *d_weight.stride(), BLOCK_T=16, BLOCK_D=128,
+        )
     return d_hidden, d_weight
 
 
@@ -410,28 +404,6 @@ def _accumulate_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: 
         torch.addmm(acc, a, b, alpha=alpha, out_dtype=torch.float32, out=acc)
     else:
         acc.addmm_(a.float(), b.float(), alpha=alpha)
-
-
-class _AsyncHostCopy:
-    """A host copy of a CUDA tensor started now and waited for on first use, so that the GPU has work queued
-    while the host waits (on the CPU: a plain copy)."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.arrived = not t.is_cuda
-        self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
-        self._host.copy_(t, non_blocking=t.is_cuda)
-        self._ready = None
-        if t.is_cuda:
-            self._ready = torch.cuda.Event()
-            self._ready.record()
-        self._array = None
-
-    def get(self) -> np.ndarray:
-        if self._array is None:
-            if self._ready is not None:
-                self._ready.synchronize()
-            self._array, self.arrived = self._host.numpy(), True
-        return self._array
 
 
 def chunk_shape(row_blocks: int, num_vtiles: int, d: int, n: int, itemsize: int, has_acc: bool) -> tuple[int, int]:
@@ -464,7 +436,7 @@ def _softmax_part(
         if filter == "loose":
             active = loose_active_tiles(active, tile_log_mass)
     active_i8 = active.to(torch.int8)
-    host = _AsyncHostCopy(active)
+    host = AsyncHostCopy(active)
     row_blocks, num_vtiles = tile_max.shape
     chunk_rows, chunk_vocab = chunk_shape(row_blocks, num_vtiles, d, n, hidden.element_size(), acc is not None)
     dz = torch.empty(chunk_rows, chunk_vocab, dtype=hidden.dtype, device=hidden.device)

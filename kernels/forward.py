@@ -39,8 +39,9 @@ TILES = ForwardTiles()
 
 @triton.jit
 def _lse_forward_kernel(
-    E, C, Y, PERM, M_out, S_out, ZSUM_out, TMAX_out, TLSE_out,
+    E, C, T, PERM, M_out, S_out, ZSUM_out, TMAX_out, TLSE_out,
     N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tiles_per_split, num_vtiles, stride_tlse, softcap,
+    ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, ROW_MASS: tl.constexpr, HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -51,7 +52,8 @@ def _lse_forward_kernel(
     split = pid // num_rblocks
     rows = rblock * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    y = tl.load(Y + rows, mask=row_ok, other=-1)
+    y = tl.load(T + rows, mask=row_ok, other=ignore_index)  # raw targets: nothing to prepare before the launch
+    y = tl.where((y == ignore_index) | (y < 0) | (y >= V), -1, y)
     rows_c = tl.minimum(rows, N - 1)
 
     m_run = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
@@ -143,8 +145,7 @@ def triton_forward(
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
-    valid = targets != ignore_index
-    y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
+    targets = targets.contiguous()  # read raw by the kernel
     tl_args = dict(
         HAS_SOFTCAP=softcap is not None, **dot_flags(hidden.dtype),
     )
@@ -166,13 +167,15 @@ def triton_forward(
     tile_lse = torch.empty(vocab_tiles if row_mass else 0, padded, dtype=torch.float32, device=dev)
     if n > 0:
         _lse_forward_kernel[(row_blocks * splits,)](
-            hidden, weight, y, order if order.numel() else y, m_part, s_part, zsum_part, tile_max,
+            hidden, weight, targets, order if order.numel() else targets, m_part, s_part, zsum_part, tile_max,
             tile_lse if row_mass else tile_max,
             n, vocab, d, *hidden.stride(), *weight.stride(), tiles_per_split, vocab_tiles, padded,
-            softcap or 1.0,
+            softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, ROW_MASS=row_mass,
             HAS_PERM=order.numel() > 0, num_warps=t.num_warps, num_stages=t.num_stages, **tl_args,
         )
+    valid = targets != ignore_index
+    y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
     z_y = torch.empty(n, dtype=torch.float32, device=dev)
     if n > 0:
         _target_logit_kernel[(triton.cdiv(n, 16),)](

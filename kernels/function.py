@@ -8,6 +8,7 @@ A backend supplies `forward(E, C, y, beta, ignore_index, softcap, filter) -> (lo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -40,13 +41,15 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         ignore_index: int,
         softcap: float | None,
         filter: str = "exact",
+        input_check: Callable[[], None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """input_check: raises on bad input; called at the end of the backward (after its work is queued)."""
         loss, lse, target_prob, max_prob, saved = backend.forward(
             hidden, weight, targets, label_smoothing, ignore_index, softcap, filter
         )
         ctx.save_for_backward(hidden, weight, targets, *saved)
-        ctx.backend, ctx.label_smoothing, ctx.ignore_index, ctx.softcap, ctx.filter = (
-            backend, label_smoothing, ignore_index, softcap, filter,
+        ctx.backend, ctx.label_smoothing, ctx.ignore_index, ctx.softcap, ctx.filter, ctx.input_check = (
+            backend, label_smoothing, ignore_index, softcap, filter, input_check,
         )
         ctx.mark_non_differentiable(lse, target_prob, max_prob)
         return loss, lse, target_prob, max_prob
@@ -58,4 +61,6 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             hidden, weight, targets, tuple(saved), grad_loss.contiguous(), ctx.label_smoothing, ctx.ignore_index,
             ctx.softcap, ctx.filter, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
         )
-        return d_hidden, d_weight, None, None, None, None, None, None
+        if ctx.input_check is not None:
+            ctx.input_check()
+        return d_hidden, d_weight, None, None, None, None, None, None, None

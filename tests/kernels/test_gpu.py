@@ -89,13 +89,20 @@ def test_mixed_filtering(
 
 
 def test_out_of_range_target_raises_after_the_kernels() -> None:
-    """On CUDA the range check runs once the forward is queued: the kernels must not read out of bounds, the
-    error is the API's, and the device stays usable."""
+    """On CUDA the range check runs once the forward is queued: raised by the forward without gradients, by
+    backward() with them; the kernels must not read out of bounds, and the device stays usable."""
     hidden, weight, targets = make_case(300, 5000, 128, torch.bfloat16, device="cuda")
     bad = targets.clone()
     bad[7] = 5000
-    with pytest.raises(ValueError, match=r"expected targets in \[0, 5000\) or == ignore_index \(-100\), got 5000"):
+    message = r"expected targets in \[0, 5000\) or == ignore_index \(-100\), got 5000"
+    with pytest.raises(ValueError, match=message):
         linear_cross_entropy(hidden, weight, bad)
+    loss = linear_cross_entropy(hidden.clone().requires_grad_(True), weight, bad, label_smoothing=0.1)
+    with pytest.raises(ValueError, match=message):
+        loss.backward()
+    bad[7] = -3
+    with pytest.raises(ValueError, match="got -3"):
+        linear_cross_entropy(hidden, weight.clone().requires_grad_(True), bad).backward()
     torch.cuda.synchronize()
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets)
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets), torch.bfloat16)
