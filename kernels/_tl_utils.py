@@ -7,6 +7,25 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+def tma_operand(t: torch.Tensor, block: list[int]) -> tuple[object, bool]:
+    """(a TMA tensor descriptor of the 2-D t with that block shape, True) where TMA can read t: rows contiguous,
+    16-byte aligned row stride and base, on a GPU of compute capability >= 9 (or under the interpreter); else
+    (t, False), for pointer loads. 16-bit dtypes only (float32 keeps the pointer path and its IEEE products)."""
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    ok = (
+        (interpret or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9))
+        and t.element_size() == 2
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        and t.shape[0] > 0
+    )
+    if not ok:
+        return t, False
+    return TensorDescriptor.from_tensor(t, block), True
 
 
 def dot_flags(dtype: torch.dtype) -> dict[str, object]:
@@ -36,25 +55,36 @@ def softcap_fn(u, softcap):
 
 @triton.jit
 def logits_tile(
-    E, C, rows, cols, D, stride_en, stride_ed, stride_cv, stride_cd,
+    E, C, rows, cols, row0, col0, D, stride_en, stride_ed, stride_cv, stride_cd,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """(BLOCK_N, BLOCK_V) float32 tile of E[rows] @ C[cols]^T. Callers clamp rows/cols into range, so only the
-    D tail needs a mask."""
+    """(BLOCK_N, BLOCK_V) float32 tile of E[rows] @ C[cols]^T. With E_TMA (C_TMA), E (C) is a tensor descriptor
+    read by TMA at rows row0 : row0 + BLOCK_N (col0 : col0 + BLOCK_V), zero beyond its bounds; otherwise a pointer
+    read at `rows` (`cols`), which callers clamp into range, so only the D tail needs a mask."""
     ks = tl.arange(0, BLOCK_K)
-    e_ptrs = E + rows.to(tl.int64)[:, None] * stride_en + ks[None, :] * stride_ed
-    c_ptrs = C + cols.to(tl.int64)[None, :] * stride_cv + ks[:, None] * stride_cd
+    if not E_TMA:
+        e_ptrs = E + rows.to(tl.int64)[:, None] * stride_en + ks[None, :] * stride_ed
+    if not C_TMA:
+        c_ptrs = C + cols.to(tl.int64)[None, :] * stride_cv + ks[:, None] * stride_cd
     acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
     for k in range(0, tl.cdiv(D, BLOCK_K)):
-        if EVEN_K:
+        k_ok = ks < D - k * BLOCK_K
+        if E_TMA:
+            e = E.load([row0, k * BLOCK_K])
+        elif EVEN_K:
             e = tl.load(e_ptrs)
+        else:
+            e = tl.load(e_ptrs, mask=k_ok[None, :], other=0.0)
+        if C_TMA:
+            c = tl.trans(C.load([col0, k * BLOCK_K]))
+        elif EVEN_K:
             c = tl.load(c_ptrs)
         else:
-            k_ok = ks < D - k * BLOCK_K
-            e = tl.load(e_ptrs, mask=k_ok[None, :], other=0.0)
             c = tl.load(c_ptrs, mask=k_ok[:, None], other=0.0)
         acc = dot_acc(e, c, acc, DOT_UPCAST, DOT_PRECISION)
-        e_ptrs += BLOCK_K * stride_ed
-        c_ptrs += BLOCK_K * stride_cd
+        if not E_TMA:
+            e_ptrs += BLOCK_K * stride_ed
+        if not C_TMA:
+            c_ptrs += BLOCK_K * stride_cd
     return acc

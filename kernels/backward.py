@@ -72,7 +72,8 @@ def _dz_kernel(
     N, V, D, r0, c0, vc, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MASK_V: tl.constexpr, MASKED: tl.constexpr, ZERO_SKIPPED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    DENSE_UNIFORM: tl.constexpr, HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DENSE_UNIFORM: tl.constexpr, HAS_PERM: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
     softcap), v = PERM[j] (v = j without HAS_PERM), for one (BLOCK_N x BLOCK_V) tile of the chunk starting at
@@ -96,8 +97,9 @@ def _dz_kernel(
     if HAS_PERM:
         cols = tl.load(PERM + tl.minimum(cols, V - 1))
     z = logits_tile(
-        E, C, tl.minimum(rows, N - 1), tl.minimum(cols, V - 1), D, stride_en, stride_ed, stride_cv, stride_cd,
-        BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, DOT_UPCAST, DOT_PRECISION,
+        E, C, tl.minimum(rows, N - 1), tl.minimum(cols, V - 1), r0 + tn * BLOCK_N, c0 + tv * BLOCK_V, D,
+        stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST,
+        DOT_PRECISION,
     )
     if HAS_SOFTCAP:
         z = softcap_fn(z, softcap)
@@ -447,6 +449,7 @@ def _softmax_part(
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
 
+
     def recompute(r0: int, c0: int, vc: int, rb: int, masked: bool, zero_skipped: bool) -> None:
         _dz_kernel[(rb * triton.cdiv(vc, bt.dz_block_v),)](
             hidden, weight, y, perm, lse, g, gscale, active_i8, dz,
@@ -454,8 +457,8 @@ def _softmax_part(
             beta / vocab, softcap or 1.0,
             BLOCK_N=ft.block_n, BLOCK_V=bt.dz_block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
             MASK_V=ft.block_v, MASKED=masked, ZERO_SKIPPED=zero_skipped, HAS_SOFTCAP=softcap is not None,
-            DENSE_UNIFORM=dense_uniform, HAS_PERM=has_perm, num_warps=ft.num_warps, num_stages=ft.num_stages,
-            **flags,
+            DENSE_UNIFORM=dense_uniform, HAS_PERM=has_perm, E_TMA=False, C_TMA=False,  # TMA: 2-3 ms slower here
+            num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
         )
 
     for r0 in range(0, n, chunk_rows):

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._tl_utils import dot_flags, logits_tile, softcap_fn
+from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,10 @@ def _lse_forward_kernel(
     N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tiles_per_split, num_vtiles, stride_tlse, softcap,
     ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, ROW_MASS: tl.constexpr, HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, ROW_MASS: tl.constexpr, HAS_PERM: tl.constexpr, E_TMA: tl.constexpr,
+    C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile)."""
     pid = tl.program_id(0)
     num_rblocks = tl.cdiv(N, BLOCK_N)
     rblock = pid % num_rblocks  # neighbouring programs share vocabulary tiles (L2 reuse of C)
@@ -67,8 +68,8 @@ def _lse_forward_kernel(
         if HAS_PERM:  # tile positions -> vocabulary ids
             cols = tl.load(PERM + tl.minimum(cols, V - 1))
         z = logits_tile(
-            E, C, rows_c, tl.minimum(cols, V - 1), D, stride_en, stride_ed, stride_cv, stride_cd,
-            BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, DOT_UPCAST, DOT_PRECISION,
+            E, C, rows_c, tl.minimum(cols, V - 1), rblock * BLOCK_N, t * BLOCK_V, D, stride_en, stride_ed,
+            stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST, DOT_PRECISION,
         )
         if HAS_SOFTCAP:
             z = softcap_fn(z, softcap)
@@ -166,13 +167,17 @@ def triton_forward(
     # (tiles, padded N) float32: 32 MiB at N = 8192, V = 262144, freed at the end of the forward
     tile_lse = torch.empty(vocab_tiles if row_mass else 0, padded, dtype=torch.float32, device=dev)
     if n > 0:
+        e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
+        c_arg, c_tma = tma_operand(weight, [t.block_v, t.block_k])
+        c_tma = c_tma and order.numel() == 0  # a permuted vocabulary is gathered row by row
         _lse_forward_kernel[(row_blocks * splits,)](
-            hidden, weight, targets, order if order.numel() else targets, m_part, s_part, zsum_part, tile_max,
+            e_arg, c_arg if c_tma else weight, targets, order if order.numel() else targets, m_part, s_part, zsum_part, tile_max,
             tile_lse if row_mass else tile_max,
             n, vocab, d, *hidden.stride(), *weight.stride(), tiles_per_split, vocab_tiles, padded,
             softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, ROW_MASS=row_mass,
-            HAS_PERM=order.numel() > 0, num_warps=t.num_warps, num_stages=t.num_stages, **tl_args,
+            HAS_PERM=order.numel() > 0, E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps, num_stages=t.num_stages,
+            **tl_args,
         )
     valid = targets != ignore_index
     y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range

@@ -21,6 +21,7 @@ from triton.runtime import interpreter  # noqa: E402
 
 from kernels import linear_cross_entropy  # noqa: E402
 from kernels import backward, forward  # noqa: E402
+from kernels._tl_utils import tma_operand  # noqa: E402
 from kernels.api import select_backend  # noqa: E402
 from kernels.testing import (  # noqa: E402
     assert_accurate, filtered_truth, loose_slack, loss_and_grads, make_case, truth_and_torch,
@@ -257,3 +258,20 @@ def test_beta_zero_is_plain_cross_entropy() -> None:
     hidden, weight, targets = make_case(50, V, D, torch.float32, seed=13)
     plain = torch.nn.functional.cross_entropy(hidden @ weight.T, targets)
     torch.testing.assert_close(linear_cross_entropy(hidden, weight, targets), plain)
+
+
+def test_tma_operand_only_where_tma_can_read() -> None:
+    """TMA descriptors for row-contiguous 16-bit operands with 16-byte aligned rows; pointers otherwise (these are
+    the two paths the tests above run: contiguous inputs by TMA, the non-contiguous and float32 ones by pointer)."""
+    x = torch.zeros(64, 40, dtype=torch.bfloat16)
+    assert tma_operand(x, [16, 16])[1]
+    assert not tma_operand(x.float(), [16, 16])[1]
+    assert not tma_operand(torch.zeros(64, 36, dtype=torch.bfloat16), [16, 16])[1]  # 72-byte rows
+    assert not tma_operand(x.T.contiguous().T, [16, 16])[1]
+    assert not tma_operand(torch.stack([x, x], dim=2)[..., 0], [16, 16])[1]
+
+
+def test_unaligned_rows_take_the_pointer_path() -> None:
+    hidden, weight, targets = make_case(N, V, 36, torch.bfloat16, ignore_frac=0.1, seed=11)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, label_smoothing=0.1)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, label_smoothing=0.1), torch.bfloat16)
