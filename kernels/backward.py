@@ -42,7 +42,7 @@ import triton.language as tl
 
 from kernels import forward
 from kernels._host import AsyncHostCopy
-from kernels._tl_utils import dot_acc, dot_flags, logits_tile, softcap_fn
+from kernels._tl_utils import dot_acc, dot_flags, logits_tile, softcap_fn, tma_operand
 
 # Probability mass per token that gradient filtering may drop (see module docstring); 0 disables filtering.
 FILTER_MASS = 2.0**-10  # filter="exact"
@@ -55,7 +55,7 @@ class BackwardTiles:
     dz_elements: int = 1 << 25  # largest dZ chunk (chunk rows x chunk_vocab): 64 MiB in bf16
     chunk_vocab: int = 4096  # multiple of block_v; dE is read and written once per vocabulary chunk
     cublas_min_active: float = 0.5  # share of active tiles from which a chunk's GEMMs run in cuBLAS (inf: never)
-    dz_block_v: int = 128  # vocabulary width of a dZ recompute tile; divides the filter tile (forward block_v)
+    dz_block_v: int = 256  # vocabulary width of a dZ recompute tile; divides the filter tile (forward block_v)
     gemm_m: int = 128  # output rows of the Triton dC / dE GEMM tiles; divides block_n and block_v
     gemm_d: int = 128
     gemm_k: int = 64
@@ -450,14 +450,17 @@ def _softmax_part(
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
 
 
+    e_arg, e_tma = tma_operand(hidden, [ft.block_n, ft.block_k])
+    c_arg, c_tma = tma_operand(weight, [bt.dz_block_v, ft.block_k]) if not has_perm else (weight, False)
+
     def recompute(r0: int, c0: int, vc: int, rb: int, masked: bool, zero_skipped: bool) -> None:
         _dz_kernel[(rb * triton.cdiv(vc, bt.dz_block_v),)](
-            hidden, weight, y, perm, lse, g, gscale, active_i8, dz,
+            e_arg, c_arg, y, perm, lse, g, gscale, active_i8, dz,
             n, vocab, d, r0, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
             beta / vocab, softcap or 1.0,
             BLOCK_N=ft.block_n, BLOCK_V=bt.dz_block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
             MASK_V=ft.block_v, MASKED=masked, ZERO_SKIPPED=zero_skipped, HAS_SOFTCAP=softcap is not None,
-            DENSE_UNIFORM=dense_uniform, HAS_PERM=has_perm, E_TMA=False, C_TMA=False,  # TMA: 2-3 ms slower here
+            DENSE_UNIFORM=dense_uniform, HAS_PERM=has_perm, E_TMA=e_tma, C_TMA=c_tma,
             num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
         )
 
