@@ -126,7 +126,8 @@ def linear_cross_entropy(
     "exact" drops at most 2^-10 of probability mass per token, every dropped probability below 2^-10 / V;
     "loose" drops at most 2^-8 per token (backward.LOOSE_MASS), spent on the least likely vocabulary tiles
     first, with the vocabulary sorted by mean logit so that likely tokens share tiles (not faster than "exact"
-    on the real rows measured in kernels/README.md). The loss and the target and label-smoothing parts of the gradient are never filtered.
+    on the real rows measured in kernels/README.md). The loss and the target and label-smoothing parts of the
+    gradient are never filtered.
     Bad input raises ValueError; on CUDA with gradients required, an out-of-range target raises in backward().
     """
     _validate(hidden, weight, targets, label_smoothing, ignore_index, reduction, softcap, filter)

@@ -448,8 +448,6 @@ def _softmax_part(
     d_tiles = triton.cdiv(d, bt.gemm_d)
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
-
-
     e_arg, e_tma = tma_operand(hidden, [ft.block_n, ft.block_k])
     c_arg, c_tma = tma_operand(weight, [bt.dz_block_v, ft.block_k]) if not has_perm else (weight, False)
 

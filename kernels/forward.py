@@ -168,10 +168,10 @@ def triton_forward(
     tile_lse = torch.empty(vocab_tiles if row_mass else 0, padded, dtype=torch.float32, device=dev)
     if n > 0:
         e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
-        c_arg, c_tma = tma_operand(weight, [t.block_v, t.block_k])
-        c_tma = c_tma and order.numel() == 0  # a permuted vocabulary is gathered row by row
+        # a permuted vocabulary (loose) is gathered row by row: pointer loads for C
+        c_arg, c_tma = tma_operand(weight, [t.block_v, t.block_k]) if order.numel() == 0 else (weight, False)
         _lse_forward_kernel[(row_blocks * splits,)](
-            e_arg, c_arg if c_tma else weight, targets, order if order.numel() else targets, m_part, s_part, zsum_part, tile_max,
+            e_arg, c_arg, targets, order if order.numel() else targets, m_part, s_part, zsum_part, tile_max,
             tile_lse if row_mass else tile_max,
             n, vocab, d, *hidden.stride(), *weight.stride(), tiles_per_split, vocab_tiles, padded,
             softcap or 1.0, ignore_index,
