@@ -69,7 +69,8 @@ TILES = BackwardTiles()
 @triton.jit
 def _dz_kernel(
     E, C, Y, PERM, LSE, G, GSCALE, ACTIVE, DZ,
-    N, V, D, r0, c0, vc, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v, softcap,
+    N, V, D, r0, c0, vc, c_off, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v,
+    softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MASK_V: tl.constexpr, MASKED: tl.constexpr, ZERO_SKIPPED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     DENSE_UNIFORM: tl.constexpr, HAS_PERM: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr,
@@ -77,8 +78,8 @@ def _dz_kernel(
 ):
     """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
     softcap), v = PERM[j] (v = j without HAS_PERM), for one (BLOCK_N x BLOCK_V) tile of the chunk starting at
-    row r0, vocabulary position c0; with MASKED, tiles inside a skipped (BLOCK_N x MASK_V) filter tile are left
-    as they are (ZERO_SKIPPED: set to 0)."""
+    row r0, vocabulary position c0; C holds the head rows of positions c_off, c_off + 1, ... With MASKED, tiles
+    inside a skipped (BLOCK_N x MASK_V) filter tile are left as they are (ZERO_SKIPPED: set to 0)."""
     pid = tl.program_id(0)
     tiles_v = tl.cdiv(vc, BLOCK_V)
     tn = pid // tiles_v
@@ -91,16 +92,17 @@ def _dz_kernel(
                 out += (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :]
                 tl.store(out, tl.zeros((BLOCK_N, BLOCK_V), dtype=DZ.dtype.element_ty))
             return
-    cols = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
+    pos = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
     row_ok = rows < N
-    col_ok = cols < V
-    if HAS_PERM:
-        cols = tl.load(PERM + tl.minimum(cols, V - 1))
+    col_ok = pos < V
     z = logits_tile(
-        E, C, tl.minimum(rows, N - 1), tl.minimum(cols, V - 1), r0 + tn * BLOCK_N, c0 + tv * BLOCK_V, D,
-        stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST,
+        E, C, tl.minimum(rows, N - 1), tl.minimum(pos, V - 1) - c_off, r0 + tn * BLOCK_N, c0 + tv * BLOCK_V - c_off,
+        D, stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST,
         DOT_PRECISION,
     )
+    cols = pos
+    if HAS_PERM:
+        cols = tl.load(PERM + tl.minimum(pos, V - 1))
     if HAS_SOFTCAP:
         z = softcap_fn(z, softcap)
     lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
@@ -158,13 +160,12 @@ def _dc_tile(
 
 @triton.jit
 def _de_tile(
-    pid, DZ, C, PERM, ACC, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz, stride_cv, stride_cd, num_vtiles,
+    pid, DZ, C, ACC, ACTIVE, gscale, V, D, r0, nr, c0, vc, c_off, stride_dz, stride_cv, stride_cd, num_vtiles,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
-    MASK_V: tl.constexpr, MASKED: tl.constexpr, HAS_PERM: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    MASK_V: tl.constexpr, MASKED: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """ACC[r0 + tile] += gscale * dZ[tile, :] @ C[PERM[c0 : c0 + vc]] (C[c0 : c0 + vc] without HAS_PERM) for one
-    (BLOCK_M x BLOCK_D) tile of the float32 accumulator ACC (N x D, contiguous)."""
+    """ACC[r0 + tile] += gscale * dZ[tile, :] @ (head rows of positions c0 : c0 + vc) for one (BLOCK_M x BLOCK_D)
+    tile of the float32 accumulator ACC (N x D, contiguous); C holds the head rows of positions c_off, ..."""
     d_tiles = tl.cdiv(D, BLOCK_D)
     tn = pid // d_tiles
     nl = tn * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -179,10 +180,7 @@ def _de_tile(
             active = tl.load(ACTIVE + ((r0 + tn * BLOCK_M) // MASK_N) * num_vtiles + (c0 + k) // MASK_V) != 0
         if active:
             a = tl.load(DZ + nl.to(tl.int64)[:, None] * stride_dz + (k + ks)[None, :])
-            vs = tl.minimum(c0 + k + ks, V - 1)
-            if HAS_PERM:
-                vs = tl.load(PERM + vs)
-            vs = vs.to(tl.int64)
+            vs = (tl.minimum(c0 + k + ks, V - 1) - c_off).to(tl.int64)
             b = tl.load(C + vs[:, None] * stride_cv + ds[None, :] * stride_cd, mask=d_ok[None, :], other=0.0)
             acc = dot_acc(a, b, acc, DOT_UPCAST, DOT_PRECISION)
             n_active += 1
@@ -195,14 +193,15 @@ def _de_tile(
 @triton.jit
 def _grad_gemm_kernel(
     DZ, E, C, DC, ACC, PERM, ACTIVE, GSCALE,
-    N, V, D, r0, nr, c0, vc, stride_dz, stride_en, stride_ed, stride_cv, stride_cd, stride_dcv, stride_dcd,
+    N, V, D, r0, nr, c0, vc, c_off, stride_dz, stride_en, stride_ed, stride_cv, stride_cd, stride_dcv, stride_dcd,
     num_vtiles, num_dc_programs,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, MASK_N: tl.constexpr,
     MASK_V: tl.constexpr, MASKED: tl.constexpr, HAS_DC: tl.constexpr, HAS_PERM: tl.constexpr,
     DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One launch for both gradient GEMMs of a chunk: programs [0, num_dc_programs) do dC (the longer
-    reduction, so they start first), the rest dE. Without HAS_DC (dC done elsewhere) it needs fewer registers."""
+    reduction, so they start first), the rest dE. Without HAS_DC (dC done elsewhere) it needs fewer registers.
+    C holds the head rows of positions c_off, c_off + 1, ...; dC rows are vocabulary ids (PERM[position])."""
     pid = tl.program_id(0)
     gscale = tl.load(GSCALE)
     if HAS_DC and pid < num_dc_programs:
@@ -213,9 +212,8 @@ def _grad_gemm_kernel(
         )
     else:
         _de_tile(
-            pid - num_dc_programs, DZ, C, PERM, ACC, ACTIVE, gscale, V, D, r0, nr, c0, vc, stride_dz, stride_cv,
-            stride_cd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, HAS_PERM, DOT_UPCAST,
-            DOT_PRECISION,
+            pid - num_dc_programs, DZ, C, ACC, ACTIVE, gscale, V, D, r0, nr, c0, vc, c_off, stride_dz, stride_cv,
+            stride_cd, num_vtiles, BLOCK_M, BLOCK_D, BLOCK_K, MASK_N, MASK_V, MASKED, DOT_UPCAST, DOT_PRECISION,
         )
 
 
@@ -449,12 +447,21 @@ def _softmax_part(
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
     e_arg, e_tma = tma_operand(hidden, [ft.block_n, ft.block_k])
-    c_arg, c_tma = tma_operand(weight, [bt.dz_block_v, ft.block_k]) if not has_perm else (weight, False)
+    whole_head = (weight, 0, *tma_operand(weight, [bt.dz_block_v, ft.block_k]))
 
-    def recompute(r0: int, c0: int, vc: int, rb: int, masked: bool, zero_skipped: bool) -> None:
+    def head_rows(c0: int, vc: int) -> tuple[torch.Tensor, int, object, bool]:
+        """(rows, c_off, operand, is TMA): the head rows of positions c_off, c_off + 1, ...: the head itself, or
+        with a permutation a contiguous copy of the chunk's rows (read by TMA and cuBLAS)."""
+        if not has_perm:
+            return whole_head
+        rows = weight.index_select(0, order[c0 : c0 + vc])
+        return (rows, c0, *tma_operand(rows, [bt.dz_block_v, ft.block_k]))
+
+    def recompute(r0: int, c0: int, vc: int, rb: int, head: tuple, masked: bool, zero_skipped: bool) -> None:
+        rows, c_off, c_arg, c_tma = head
         _dz_kernel[(rb * triton.cdiv(vc, bt.dz_block_v),)](
             e_arg, c_arg, y, perm, lse, g, gscale, active_i8, dz,
-            n, vocab, d, r0, c0, vc, *hidden.stride(), *weight.stride(), dz.stride(0), num_vtiles,
+            n, vocab, d, r0, c0, vc, c_off, *hidden.stride(), *rows.stride(), dz.stride(0), num_vtiles,
             beta / vocab, softcap or 1.0,
             BLOCK_N=ft.block_n, BLOCK_V=bt.dz_block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
             MASK_V=ft.block_v, MASKED=masked, ZERO_SKIPPED=zero_skipped, HAS_SOFTCAP=softcap is not None,
@@ -469,15 +476,19 @@ def _softmax_part(
             vc = min(chunk_vocab, vocab - c0)
             vt0, vt1 = c0 // ft.block_v, triton.cdiv(c0 + vc, ft.block_v)
             early = not host.arrived  # the first chunk's dZ is queued (masked, skipped tiles zeroed) before the wait
+            head = None
             if early:
-                recompute(r0, c0, vc, rb1 - rb0, masked=True, zero_skipped=True)
+                head = head_rows(c0, vc)
+                recompute(r0, c0, vc, rb1 - rb0, head, masked=True, zero_skipped=True)
             share = float(host.get()[rb0:rb1, vt0:vt1].mean())
             if share == 0.0:
                 continue
             masked = share < 1.0
             cublas = share >= bt.cublas_min_active
             if not early:
-                recompute(r0, c0, vc, rb1 - rb0, masked=masked, zero_skipped=cublas)
+                head = head_rows(c0, vc)
+                recompute(r0, c0, vc, rb1 - rb0, head, masked=masked, zero_skipped=cublas)
+            rows, c_off = head[:2]
             if cublas:
                 dz_chunk = dz[:nr, :vc]
                 ids = order[c0 : c0 + vc] if has_perm else None
@@ -487,16 +498,15 @@ def _softmax_part(
                     part = d_weight.index_select(0, ids).addmm_(dz_chunk.T, hidden[r0 : r0 + nr], alpha=alpha)
                     d_weight.index_copy_(0, ids, part)
                 if acc is not None:
-                    c_chunk = weight[c0 : c0 + vc] if ids is None else weight.index_select(0, ids)
-                    _accumulate_f32(acc[r0 : r0 + nr], dz_chunk, c_chunk, alpha)
+                    _accumulate_f32(acc[r0 : r0 + nr], dz_chunk, rows[c0 - c_off : c0 - c_off + vc], alpha)
                 continue
             n_dc = triton.cdiv(vc, bt.gemm_m) * d_tiles if d_weight is not None else 0
             n_de = triton.cdiv(nr, bt.gemm_m) * d_tiles if acc is not None else 0
             if n_dc + n_de == 0:
                 continue
             _grad_gemm_kernel[(n_dc + n_de,)](
-                dz, hidden, weight, dc[0], acc if acc is not None else dz, perm, active_i8, gscale,
-                n, vocab, d, r0, nr, c0, vc, dz.stride(0), *hidden.stride(), *weight.stride(), *dc[1:],
+                dz, hidden, rows, dc[0], acc if acc is not None else dz, perm, active_i8, gscale,
+                n, vocab, d, r0, nr, c0, vc, c_off, dz.stride(0), *hidden.stride(), *rows.stride(), *dc[1:],
                 num_vtiles, n_dc,
                 BLOCK_M=bt.gemm_m, BLOCK_D=bt.gemm_d, BLOCK_K=bt.gemm_k, MASK_N=ft.block_n, MASK_V=ft.block_v,
                 MASKED=masked, HAS_DC=n_dc > 0, HAS_PERM=has_perm,

@@ -32,6 +32,7 @@ class ForwardTiles:
     block_k: int = 64
     num_warps: int = 8
     num_stages: int = 3
+    flatten: bool = False  # one software-pipelined loop over (tile, k): the next tile's loads overlap the softmax
 
 
 TILES = ForwardTiles()
@@ -40,13 +41,15 @@ TILES = ForwardTiles()
 @triton.jit
 def _lse_forward_kernel(
     E, C, T, PERM, M_out, S_out, ZSUM_out, TMAX_out, TLSE_out,
-    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tiles_per_split, num_vtiles, stride_tlse, softcap,
-    ignore_index,
+    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, tiles_per_split,
+    num_vtiles, stride_tlse, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, ROW_MASS: tl.constexpr, HAS_PERM: tl.constexpr, E_TMA: tl.constexpr,
-    C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, FLATTEN: tl.constexpr,
 ):
-    """E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile)."""
+    """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs; results of split s go to row
+    split_lo + s of M_out, S_out, ZSUM_out. C holds the rows of positions c_off, c_off + 1, ... (the whole head,
+    c_off = 0, or a gathered span of it). E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile)."""
     pid = tl.program_id(0)
     num_rblocks = tl.cdiv(N, BLOCK_N)
     rblock = pid % num_rblocks  # neighbouring programs share vocabulary tiles (L2 reuse of C)
@@ -60,17 +63,19 @@ def _lse_forward_kernel(
     m_run = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
     s_run = tl.zeros((BLOCK_N,), dtype=tl.float32)
     z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    t_begin = split * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, num_vtiles)
-    for t in range(t_begin, t_end):
-        cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
-        col_ok = cols < V
-        if HAS_PERM:  # tile positions -> vocabulary ids
-            cols = tl.load(PERM + tl.minimum(cols, V - 1))
+    t_begin = tile_lo + split * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, tile_hi)
+    for t in tl.range(t_begin, t_end, flatten=FLATTEN):
+        pos = t * BLOCK_V + tl.arange(0, BLOCK_V)
+        col_ok = pos < V
         z = logits_tile(
-            E, C, rows_c, tl.minimum(cols, V - 1), rblock * BLOCK_N, t * BLOCK_V, D, stride_en, stride_ed,
-            stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST, DOT_PRECISION,
+            E, C, rows_c, tl.minimum(pos, V - 1) - c_off, rblock * BLOCK_N, t * BLOCK_V - c_off, D, stride_en,
+            stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST,
+            DOT_PRECISION,
         )
+        cols = pos
+        if HAS_PERM:  # tile positions -> vocabulary ids
+            cols = tl.load(PERM + tl.minimum(pos, V - 1))
         if HAS_SOFTCAP:
             z = softcap_fn(z, softcap)
         z_sum += tl.sum(tl.where(col_ok[None, :], z, 0.0), axis=1)
@@ -86,7 +91,7 @@ def _lse_forward_kernel(
             t_lse = tl.where(t_sum > 0.0, m_safe + tl.log(t_sum), t_max + tl.log(tl.zeros_like(t_max) + BLOCK_V))
             tl.store(TLSE_out + t * stride_tlse + rows, t_lse, mask=row_ok)
 
-    out = split * N + rows
+    out = (split_lo + split) * N + rows
     tl.store(M_out + out, m_run, mask=row_ok)
     tl.store(S_out + out, s_run, mask=row_ok)
     tl.store(ZSUM_out + out, z_sum, mask=row_ok)
@@ -134,6 +139,20 @@ def choose_splits(n: int, row_blocks: int, vocab_tiles: int, sms: int) -> int:
     return min(range(1, most + 1), key=cost)
 
 
+# Bytes of a contiguous copy of permuted head rows (filter="loose") that one forward launch reads by TMA.
+GATHER_BYTES = 64 << 20
+
+
+def position_spans(vocab: int, row_bytes: int, block_v: int, permuted: bool) -> list[tuple[int, int]]:
+    """Vocabulary position ranges [p0, p1) that the forward launches one at a time: the whole vocabulary, read in
+    place, in the natural order; with a permutation, spans of whole tiles of at most GATHER_BYTES of head rows
+    (at least one tile), each gathered into a contiguous copy."""
+    if not permuted:
+        return [(0, vocab)]
+    rows = max(1, GATHER_BYTES // (row_bytes * block_v)) * block_v
+    return [(p0, min(vocab, p0 + rows)) for p0 in range(0, vocab, rows)]
+
+
 def triton_forward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
@@ -152,32 +171,38 @@ def triton_forward(
     )
     t = TILES
     row_blocks, vocab_tiles = triton.cdiv(n, t.block_n), triton.cdiv(vocab, t.block_v)
-    splits = choose_splits(n, row_blocks, vocab_tiles, num_sms(dev))
-    tiles_per_split = triton.cdiv(vocab_tiles, splits)
-    splits = triton.cdiv(vocab_tiles, tiles_per_split)
-    m_part = torch.empty(splits, n, dtype=torch.float32, device=dev)
-    s_part, zsum_part = torch.empty_like(m_part), torch.empty_like(m_part)
     tile_max = torch.empty(row_blocks, vocab_tiles, dtype=torch.float32, device=dev)
     row_mass = filter == "loose"
     order = torch.empty(0, dtype=torch.int64, device=dev)
     if row_mass and not (softcap is not None and label_smoothing > 0.0):
         mean_hidden = hidden.mean(dim=0, dtype=torch.float32).to(weight.dtype)
         order = torch.argsort(torch.mv(weight, mean_hidden).float(), descending=True)
+    # (span, first tile, end tile, tiles per split, first split) of each launch; each has its own splits
+    launches, total_splits = [], 0
+    for p0, p1 in position_spans(vocab, d * weight.element_size(), t.block_v, order.numel() > 0):
+        tile_lo, tile_hi = p0 // t.block_v, triton.cdiv(p1, t.block_v)
+        splits = choose_splits(n, row_blocks, tile_hi - tile_lo, num_sms(dev))
+        tiles_per_split = triton.cdiv(tile_hi - tile_lo, splits)
+        launches.append(((p0, p1), tile_lo, tile_hi, tiles_per_split, total_splits))
+        total_splits += triton.cdiv(tile_hi - tile_lo, tiles_per_split)
+    m_part = torch.empty(total_splits, n, dtype=torch.float32, device=dev)
+    s_part, zsum_part = torch.empty_like(m_part), torch.empty_like(m_part)
     padded = row_blocks * t.block_n
     # (tiles, padded N) float32: 32 MiB at N = 8192, V = 262144, freed at the end of the forward
     tile_lse = torch.empty(vocab_tiles if row_mass else 0, padded, dtype=torch.float32, device=dev)
-    if n > 0:
-        e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
-        # a permuted vocabulary (loose) is gathered row by row: pointer loads for C
-        c_arg, c_tma = tma_operand(weight, [t.block_v, t.block_k]) if order.numel() == 0 else (weight, False)
-        _lse_forward_kernel[(row_blocks * splits,)](
+    e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
+    for (p0, p1), tile_lo, tile_hi, tiles_per_split, split_lo in launches if n > 0 else ():
+        head = weight if order.numel() == 0 else weight.index_select(0, order[p0:p1])  # row j: position p0 + j
+        c_arg, c_tma = tma_operand(head, [t.block_v, t.block_k])
+        programs = row_blocks * triton.cdiv(tile_hi - tile_lo, tiles_per_split)
+        _lse_forward_kernel[(programs,)](
             e_arg, c_arg, targets, order if order.numel() else targets, m_part, s_part, zsum_part, tile_max,
             tile_lse if row_mass else tile_max,
-            n, vocab, d, *hidden.stride(), *weight.stride(), tiles_per_split, vocab_tiles, padded,
-            softcap or 1.0, ignore_index,
+            n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, tiles_per_split,
+            vocab_tiles, padded, softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, ROW_MASS=row_mass,
-            HAS_PERM=order.numel() > 0, E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps, num_stages=t.num_stages,
-            **tl_args,
+            HAS_PERM=order.numel() > 0, E_TMA=e_tma, C_TMA=c_tma, FLATTEN=t.flatten, num_warps=t.num_warps,
+            num_stages=t.num_stages, **tl_args,
         )
     valid = targets != ignore_index
     y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range

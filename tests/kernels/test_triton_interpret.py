@@ -169,8 +169,11 @@ def test_loose_filter(beta: float, cublas_min_active: float, monkeypatch: pytest
     """The forward sorts the vocabulary by mean logit; the kernel computes exactly the gradient with the skipped
     tiles' softmax part removed (the target and label-smoothing parts kept), the rule drops at most LOOSE_MASS
     per token, and the result meets the loose tolerance against the unfiltered float64 truth (cublas_min_active 0:
-    partly active chunks by cuBLAS on gathered rows of C and dC)."""
+    partly active chunks by cuBLAS on gathered rows of C and dC). The forward reads the sorted head in three
+    gathered spans of one tile (GATHER_BYTES), by TMA."""
     monkeypatch.setattr(backward, "TILES", _small_chunks(cublas_min_active))
+    monkeypatch.setattr(forward, "GATHER_BYTES", 1)
+    assert forward.position_spans(V, D * 2, 256, permuted=True) == [(0, 256), (256, 512), (512, V)]
     dtype = torch.bfloat16
     hidden, weight, targets = _loose_case(dtype)
     _, lse, _, _, (_, _, _, tile_max, log_mass, order) = forward.triton_forward(
@@ -200,13 +203,14 @@ def test_loose_filter(beta: float, cublas_min_active: float, monkeypatch: pytest
     assert_accurate(ours, truth, own, dtype, slack=loose_slack(hidden, weight, targets, backward.LOOSE_MASS))
 
 
-def test_loose_filter_on_dense_chunks() -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_loose_filter_on_dense_chunks(dtype: torch.dtype) -> None:
     """A flat softmax: "loose" keeps every tile, so the sorted vocabulary goes through the dense chunks (dC by
-    cuBLAS on gathered rows) and must meet the plain accuracy rule."""
-    hidden, weight, targets = make_case(N, V, D, torch.bfloat16, ignore_frac=0.2, seed=6)
+    cuBLAS on gathered rows) and must meet the plain accuracy rule; float32 reads the gathered rows by pointers."""
+    hidden, weight, targets = make_case(N, V, D, dtype, ignore_frac=0.2, seed=6)
     kw = dict(label_smoothing=0.1)
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="loose", **kw)
-    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), torch.bfloat16)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
 def test_loose_filter_keeps_the_dense_softcap_path() -> None:
