@@ -31,8 +31,8 @@ class ForwardTiles:
     block_v: int = 256  # vocabulary entries per tile; also the vocabulary granularity of the filter
     block_k: int = 64
     num_warps: int = 8
-    num_stages: int = 3
-    flatten: bool = False  # one software-pipelined loop over (tile, k): the next tile's loads overlap the softmax
+    num_stages: int = 4
+    flatten: bool = True  # one software-pipelined loop over (tile, k): the next tile's loads overlap the softmax
 
 
 TILES = ForwardTiles()
