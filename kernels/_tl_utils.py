@@ -55,11 +55,12 @@ def softcap_fn(u, softcap):
 
 @triton.jit
 def logits_tile(
-    E, C, rows, cols, row0, col0, D, stride_en, stride_ed, stride_cv, stride_cd,
+    E, C, rows, cols, row0, col0, D, k_tiles, stride_en, stride_ed, stride_cv, stride_cd,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """(BLOCK_N, BLOCK_V) float32 tile of E[rows] @ C[cols]^T. With E_TMA (C_TMA), E (C) is a tensor descriptor
+    """(BLOCK_N, BLOCK_V) float32 tile of E[rows] @ C[cols]^T over the first k_tiles * BLOCK_K of D (all of it:
+    cdiv(D, BLOCK_K); 0: a zero tile). With E_TMA (C_TMA), E (C) is a tensor descriptor
     read by TMA at rows row0 : row0 + BLOCK_N (col0 : col0 + BLOCK_V), zero beyond its bounds; otherwise a pointer
     read at `rows` (`cols`), which callers clamp into range, so only the D tail needs a mask."""
     ks = tl.arange(0, BLOCK_K)
@@ -68,7 +69,7 @@ def logits_tile(
     if not C_TMA:
         c_ptrs = C + cols.to(tl.int64)[None, :] * stride_cv + ks[:, None] * stride_cd
     acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
-    for k in range(0, tl.cdiv(D, BLOCK_K)):
+    for k in range(0, k_tiles):
         k_ok = ks < D - k * BLOCK_K
         if E_TMA:
             e = E.load([row0, k * BLOCK_K])

@@ -56,6 +56,7 @@ class BackwardTiles:
     chunk_vocab: int = 4096  # multiple of block_v; dE is read and written once per vocabulary chunk
     cublas_min_active: float = 0.5  # share of active tiles from which a chunk's GEMMs run in cuBLAS (inf: never)
     dz_block_v: int = 256  # vocabulary width of a dZ recompute tile; divides the filter tile (forward block_v)
+    dz_stages: int = 3
     gemm_m: int = 128  # output rows of the Triton dC / dE GEMM tiles; divides block_n and block_v
     gemm_d: int = 128
     gemm_k: int = 64
@@ -69,54 +70,61 @@ TILES = BackwardTiles()
 @triton.jit
 def _dz_kernel(
     E, C, Y, PERM, LSE, G, GSCALE, ACTIVE, DZ,
-    N, V, D, r0, c0, vc, c_off, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles, beta_over_v,
-    softcap,
+    N, V, D, r0, row_tiles, c0, vc, c_off, stride_en, stride_ed, stride_cv, stride_cd, stride_dz, num_vtiles,
+    beta_over_v, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     MASK_V: tl.constexpr, MASKED: tl.constexpr, ZERO_SKIPPED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     DENSE_UNIFORM: tl.constexpr, HAS_PERM: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr,
     DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
-    softcap), v = PERM[j] (v = j without HAS_PERM), for one (BLOCK_N x BLOCK_V) tile of the chunk starting at
-    row r0, vocabulary position c0; C holds the head rows of positions c_off, c_off + 1, ... With MASKED, tiles
-    inside a skipped (BLOCK_N x MASK_V) filter tile are left as they are (ZERO_SKIPPED: set to 0)."""
-    pid = tl.program_id(0)
+    softcap), v = PERM[j] (v = j without HAS_PERM), for the (BLOCK_N x BLOCK_V) tiles of the (row_tiles x vc)
+    chunk starting at row r0, vocabulary position c0, program p taking tiles p, p + programs, ... in one flattened
+    loop (the next tile's loads overlap this one's softmax); C holds the head rows of positions c_off, c_off + 1,
+    ... With MASKED, tiles inside a skipped (BLOCK_N x MASK_V) filter tile are not computed and left as they are
+    (ZERO_SKIPPED: set to 0)."""
     tiles_v = tl.cdiv(vc, BLOCK_V)
-    tn = pid // tiles_v
-    tv = pid % tiles_v
-    rows = r0 + tn * BLOCK_N + tl.arange(0, BLOCK_N)
-    if MASKED:
-        if tl.load(ACTIVE + (r0 // BLOCK_N + tn) * num_vtiles + (c0 + tv * BLOCK_V) // MASK_V) == 0:
-            if ZERO_SKIPPED:
-                out = DZ + (tn * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * stride_dz
-                out += (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :]
-                tl.store(out, tl.zeros((BLOCK_N, BLOCK_V), dtype=DZ.dtype.element_ty))
-            return
-    pos = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
-    row_ok = rows < N
-    col_ok = pos < V
-    z = logits_tile(
-        E, C, tl.minimum(rows, N - 1), tl.minimum(pos, V - 1) - c_off, r0 + tn * BLOCK_N, c0 + tv * BLOCK_V - c_off,
-        D, stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST,
-        DOT_PRECISION,
-    )
-    cols = pos
-    if HAS_PERM:
-        cols = tl.load(PERM + tl.minimum(pos, V - 1))
-    if HAS_SOFTCAP:
-        z = softcap_fn(z, softcap)
-    lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
-    g = tl.load(G + rows, mask=row_ok, other=0.0) / tl.load(GSCALE)
-    y = tl.load(Y + rows, mask=row_ok, other=-1)
-    dz = tl.where(col_ok[None, :] & (cols[None, :] != y[:, None]), tl.exp(z - lse[:, None]), 0.0)
-    if DENSE_UNIFORM:
-        dz = tl.where(col_ok[None, :], dz - beta_over_v, 0.0)
-    dz = dz * g[:, None]
-    if HAS_SOFTCAP:
-        dz = dz * (1.0 - (z / softcap) * (z / softcap))
-    # the (BLOCK_N x BLOCK_V) pointers only now: built before the GEMM they stay live through it and spill
-    out = DZ + (tn * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * stride_dz
-    tl.store(out + (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :], dz.to(DZ.dtype.element_ty))
+    k_tiles = tl.cdiv(D, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), row_tiles * tiles_v, tl.num_programs(0), flatten=True):
+        tn = tile // tiles_v
+        tv = tile % tiles_v
+        rows = r0 + tn * BLOCK_N + tl.arange(0, BLOCK_N)
+        pos = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
+        row_ok = rows < N
+        col_ok = pos < V
+        active = True
+        n_k = k_tiles
+        if MASKED:
+            active = tl.load(ACTIVE + (r0 // BLOCK_N + tn) * num_vtiles + (c0 + tv * BLOCK_V) // MASK_V) != 0
+            n_k = tl.where(active, k_tiles, 0)
+        z = logits_tile(
+            E, C, tl.minimum(rows, N - 1), tl.minimum(pos, V - 1) - c_off, r0 + tn * BLOCK_N,
+            c0 + tv * BLOCK_V - c_off, D, n_k, stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K,
+            EVEN_K, E_TMA, C_TMA, DOT_UPCAST, DOT_PRECISION,
+        )
+        cols = pos
+        if HAS_PERM:
+            cols = tl.load(PERM + tl.minimum(pos, V - 1))
+        if HAS_SOFTCAP:
+            z = softcap_fn(z, softcap)
+        lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
+        g = tl.load(G + rows, mask=row_ok, other=0.0) / tl.load(GSCALE)
+        y = tl.load(Y + rows, mask=row_ok, other=-1)
+        dz = tl.where(col_ok[None, :] & (cols[None, :] != y[:, None]), tl.exp(z - lse[:, None]), 0.0)
+        if DENSE_UNIFORM:
+            dz = tl.where(col_ok[None, :], dz - beta_over_v, 0.0)
+        dz = dz * g[:, None]
+        if HAS_SOFTCAP:
+            dz = dz * (1.0 - (z / softcap) * (z / softcap))
+        # the (BLOCK_N x BLOCK_V) pointers only now: built before the GEMM they stay live through it and spill
+        out = DZ + (tn * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * stride_dz
+        out += (tv * BLOCK_V + tl.arange(0, BLOCK_V))[None, :]
+        if MASKED:
+            dz = tl.where(active, dz, 0.0)
+        if MASKED and not ZERO_SKIPPED:
+            tl.store(out, dz.to(DZ.dtype.element_ty), mask=(tl.arange(0, BLOCK_N) < tl.where(active, BLOCK_N, 0))[:, None])
+        else:
+            tl.store(out, dz.to(DZ.dtype.element_ty))
 
 
 @triton.jit
@@ -447,6 +455,7 @@ def _softmax_part(
     dc = (d_weight, *d_weight.stride()) if d_weight is not None else (dz, 0, 0)
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
     e_arg, e_tma = tma_operand(hidden, [ft.block_n, ft.block_k])
+    sms = forward.num_sms(hidden.device)  # one persistent recompute program per SM
     whole_head = (weight, 0, *tma_operand(weight, [bt.dz_block_v, ft.block_k]))
 
     def head_rows(c0: int, vc: int) -> tuple[torch.Tensor, int, object, bool]:
@@ -459,14 +468,14 @@ def _softmax_part(
 
     def recompute(r0: int, c0: int, vc: int, rb: int, head: tuple, masked: bool, zero_skipped: bool) -> None:
         rows, c_off, c_arg, c_tma = head
-        _dz_kernel[(rb * triton.cdiv(vc, bt.dz_block_v),)](
+        _dz_kernel[(min(rb * triton.cdiv(vc, bt.dz_block_v), sms),)](
             e_arg, c_arg, y, perm, lse, g, gscale, active_i8, dz,
-            n, vocab, d, r0, c0, vc, c_off, *hidden.stride(), *rows.stride(), dz.stride(0), num_vtiles,
+            n, vocab, d, r0, rb, c0, vc, c_off, *hidden.stride(), *rows.stride(), dz.stride(0), num_vtiles,
             beta / vocab, softcap or 1.0,
             BLOCK_N=ft.block_n, BLOCK_V=bt.dz_block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
             MASK_V=ft.block_v, MASKED=masked, ZERO_SKIPPED=zero_skipped, HAS_SOFTCAP=softcap is not None,
             DENSE_UNIFORM=dense_uniform, HAS_PERM=has_perm, E_TMA=e_tma, C_TMA=c_tma,
-            num_warps=ft.num_warps, num_stages=ft.num_stages, **flags,
+            num_warps=ft.num_warps, num_stages=bt.dz_stages, **flags,
         )
 
     for r0 in range(0, n, chunk_rows):

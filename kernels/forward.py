@@ -32,7 +32,6 @@ class ForwardTiles:
     block_k: int = 64
     num_warps: int = 8
     num_stages: int = 4
-    flatten: bool = True  # one software-pipelined loop over (tile, k): the next tile's loads overlap the softmax
 
 
 TILES = ForwardTiles()
@@ -45,7 +44,7 @@ def _lse_forward_kernel(
     num_vtiles, stride_tlse, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, ROW_MASS: tl.constexpr, HAS_PERM: tl.constexpr, E_TMA: tl.constexpr,
-    C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, FLATTEN: tl.constexpr,
+    C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs; results of split s go to row
     split_lo + s of M_out, S_out, ZSUM_out. C holds the rows of positions c_off, c_off + 1, ... (the whole head,
@@ -65,13 +64,13 @@ def _lse_forward_kernel(
     z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
     t_begin = tile_lo + split * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, tile_hi)
-    for t in tl.range(t_begin, t_end, flatten=FLATTEN):
+    for t in tl.range(t_begin, t_end, flatten=True):  # one pipelined (tile, k) loop: loads overlap the softmax
         pos = t * BLOCK_V + tl.arange(0, BLOCK_V)
         col_ok = pos < V
         z = logits_tile(
-            E, C, rows_c, tl.minimum(pos, V - 1) - c_off, rblock * BLOCK_N, t * BLOCK_V - c_off, D, stride_en,
-            stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST,
-            DOT_PRECISION,
+            E, C, rows_c, tl.minimum(pos, V - 1) - c_off, rblock * BLOCK_N, t * BLOCK_V - c_off, D,
+            tl.cdiv(D, BLOCK_K), stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA,
+            C_TMA, DOT_UPCAST, DOT_PRECISION,
         )
         cols = pos
         if HAS_PERM:  # tile positions -> vocabulary ids
@@ -201,7 +200,7 @@ def triton_forward(
             n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, tiles_per_split,
             vocab_tiles, padded, softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, ROW_MASS=row_mass,
-            HAS_PERM=order.numel() > 0, E_TMA=e_tma, C_TMA=c_tma, FLATTEN=t.flatten, num_warps=t.num_warps,
+            HAS_PERM=order.numel() > 0, E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps,
             num_stages=t.num_stages, **tl_args,
         )
     valid = targets != ignore_index
