@@ -1,9 +1,11 @@
 """Benchmark linear + (label-smoothed) cross-entropy implementations on one GPU: time and peak extra memory.
 
-Methods: ours (kernels.linear_cross_entropy) with filter="exact" (the default) and filter="loose", torch eager
-(F.cross_entropy on materialised logits upcast to float32, as Hugging Face does), torch.compile of the same,
-Liger's FusedLinearCrossEntropy and Cut Cross-Entropy (beta = 0 only: no smoothing support; default options,
-its gradient filter included). Each at beta 0 and 0.1, on inputs (bf16, no ignored tokens). As floors, the
+Methods: ours (kernels.linear_cross_entropy) with each gradient filter, "exact" (the default), "loose" and
+"none" (see kernels/filter.py), torch eager (F.cross_entropy on materialised logits upcast to float32, as Hugging
+Face does), torch.compile of the same, Liger's FusedLinearCrossEntropy and Cut Cross-Entropy (beta = 0 only: no
+smoothing support; default options, its gradient filter included); with --baseline MODULE also that module's
+linear_cross_entropy under each of its filters (an earlier version of kernels/, copied under another name), for
+a before/after in the same run. Each at beta 0 and 0.1, on inputs (bf16, no ignored tokens). As floors, the
 matrix products alone (no loss, `_GemmsOnly`): four GEMMs in our chunks (O(N) memory) and three with the logits
 kept (torch.compile's structure); on a power-limited GPU these, not peak TFLOP/s, bound what a design can reach.
 - random (at --n/--vocab/--dim, the paper's shape by default): E ~ N(0, 1), C ~ N(0, 1 / D): logits ~ N(0, 1),
@@ -15,11 +17,14 @@ kept (torch.compile's structure); on a power-limited GPU these, not peak TFLOP/s
   V = 262144, D = 640; SmolLM2-135M: V = 49152, D = 576). Each folder holds the hidden states and targets
   (inputs.pt) and the head as its GGUF tensor's bytes in parts under 60 MB (head.NN); they are de-quantised
   here (the gguf package), bit for bit the head transformers loads.
-Times are the median of --iters runs after --warmup runs (CUDA events); "fwd" runs the forward with inputs
-that require grad (as in training), "fwd+bwd" forward and backward. Memory is the peak allocated during the
-step minus what was allocated before it (inputs), so fwd+bwd includes the two gradients. For our rows,
+Times are medians of --iters runs (CUDA events) after --warmup runs, taken round-robin: per input and beta,
+every method runs once per round, so clock and power-cap drift of the GPU touch all methods alike (min and max
+are in the JSON); "fwd" runs the forward with inputs that require grad (as in training), "fwd+bwd" forward and
+backward. Memory is the peak allocated during the step minus what was allocated before it (inputs), so fwd+bwd
+includes the two gradients. For our rows,
 "active" is the share of (128-row x 256-entry) logit tiles the backward computes (the rest are filtered),
-and for "loose" rows "rel. diff" is max(|dE_loose - dE_exact|) / max|dE_exact| (and the same for dC).
+and the "none" rows carry "rel. diff dE exact" = max|dE_exact - dE_none| / max|dE_none| (likewise dC, loose):
+what each filter changes.
 
 Usage (repo root, GPU machine):
     python benchmarks/bench_linear_ce.py --out results/bench_linear_ce.json      # random and peaked
@@ -45,6 +50,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib
 import json
 import statistics
 import subprocess
@@ -58,7 +64,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import backward, forward, linear_cross_entropy  # noqa: E402
-from kernels.api import FILTERS  # noqa: E402
+from kernels.filter import FILTER_MASS, FILTERS, kept_share  # noqa: E402
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 MIB = 1 << 20
@@ -130,12 +136,17 @@ class _GemmsOnly(torch.autograd.Function):
         return d_hidden.to(hidden.dtype), d_weight, None
 
 
-def methods(beta: float, device: str) -> dict[str, Loss]:
+def methods(beta: float, device: str, baseline: str | None = None) -> dict[str, Loss]:
     """Name -> loss function of (hidden, weight, targets); libraries that are missing are left out."""
     out: dict[str, Loss] = {
         f"ours {f}": lambda h, w, y, f=f: linear_cross_entropy(h, w, y, label_smoothing=beta, filter=f)
         for f in FILTERS
     }
+    if baseline:
+        old = importlib.import_module(baseline)
+        for f in importlib.import_module(f"{baseline}.api").FILTERS:
+            out[f"{baseline} {f}"] = lambda h, w, y, f=f: old.linear_cross_entropy(h, w, y, label_smoothing=beta,
+                                                                                  filter=f)
     if device == "cuda":
         if beta == 0.0:
             try:
@@ -191,11 +202,11 @@ def peak_extra_mib(fn: Callable[[], None], device: str) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / MIB
 
 
-def measure(loss_fn: Loss, inputs: tuple[torch.Tensor, ...], device: str, warmup: int, iters: int) -> dict:
-    hidden, weight, targets = (t.detach() for t in inputs)
-    hidden.requires_grad_(True)
-    weight.requires_grad_(True)
-    timer = Timer(device)
+def _steps(loss_fn: Loss, inputs: tuple[torch.Tensor, ...]) -> dict[str, Callable[[], None]]:
+    """{"fwd": forward with inputs that require grad, "fwd+bwd": forward and backward} of loss_fn on its own leaf
+    copies of the inputs (so methods timed in turn never share gradients)."""
+    hidden, weight = (t.detach().requires_grad_(True) for t in inputs[:2])
+    targets = inputs[2]
 
     def fwd() -> None:
         loss_fn(hidden, weight, targets)
@@ -203,41 +214,64 @@ def measure(loss_fn: Loss, inputs: tuple[torch.Tensor, ...], device: str, warmup
     def fwd_bwd() -> None:
         hidden.grad = weight.grad = None
         loss_fn(hidden, weight, targets).backward()
+        hidden.grad = weight.grad = None
 
-    row = {}
-    for name, step in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-        for _ in range(warmup):
-            step()
-        hidden.grad = weight.grad = None
-        row[f"{name} MiB"] = peak_extra_mib(step, device)
-        hidden.grad = weight.grad = None
-        row[f"{name} ms"] = statistics.median(timer(step) for _ in range(iters))
-    hidden.grad = weight.grad = None
-    return row
+    return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+
+def measure_interleaved(
+    loss_fns: dict[str, Loss], inputs: tuple[torch.Tensor, ...], device: str, warmup: int, iters: int,
+) -> dict[str, dict]:
+    """{method: {"fwd ms", "fwd+bwd ms" (median), "... min", "... max", "fwd MiB", "fwd+bwd MiB"}}. Every method is
+    warmed up and its peak memory taken alone; then the timed runs go round-robin, one of each method per round
+    (`iters` rounds), so that clock and power-cap drift on the GPU touches every method alike. A method that fails
+    (an out-of-memory error, a library error) gets {"error": ...} and leaves the rounds."""
+    timer = Timer(device)
+    steps, out = {}, {}
+    for name, fn in loss_fns.items():
+        try:
+            steps[name] = _steps(fn, inputs)
+            out[name] = {}
+            for kind, step in steps[name].items():
+                for _ in range(warmup):
+                    step()
+                out[name][f"{kind} MiB"] = peak_extra_mib(step, device)
+        except Exception as e:  # noqa: BLE001 - an OOM or a library failure is a result too
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            steps.pop(name, None)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    for kind in ("fwd", "fwd+bwd"):
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        for _ in range(iters):
+            for name in list(times):
+                try:
+                    times[name].append(timer(steps[name][kind]))
+                except Exception as e:  # noqa: BLE001
+                    out[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                    del times[name]
+        for name, ts in times.items():
+            out[name].update({f"{kind} ms": statistics.median(ts), f"{kind} ms min": min(ts), f"{kind} ms max": max(ts)})
+    return out
 
 
 def active_share(inputs: tuple[torch.Tensor, ...], beta: float, filter: str) -> float:
-    """Share of logit tiles our backward computes (the rest filtered), with the gradient of the mean loss."""
+    """Share of (row block x vocabulary tile) logit products our backward computes (the rest filtered)."""
     hidden, weight, targets = inputs
-    _, lse, _, _, (_, _, _, tile_max, log_mass, _) = forward.triton_forward(
-        hidden, weight, targets, beta, -100, None, filter,
-    )
-    active = backward.active_tiles(tile_max, lse, torch.full_like(lse, 1.0 / targets.numel()), weight.shape[0])
-    if filter == "loose":
-        active = backward.loose_active_tiles(active, log_mass)
-    return active.float().mean().item()
+    *_, (_, _, _, _, _, kept) = forward.triton_forward(hidden, weight, targets, beta, -100, None, filter)
+    return kept_share(kept, -(-weight.shape[0] // forward.TILES.block_v))
 
 
-def loose_vs_exact(inputs: tuple[torch.Tensor, ...], beta: float) -> dict[str, float]:
-    """max|grad_loose - grad_exact| / max|grad_exact| for dE and dC."""
+def filter_changes(inputs: tuple[torch.Tensor, ...], beta: float) -> dict[str, float]:
+    """max|grad_f - grad_none| / max|grad_none| for dE and dC, f = exact and loose: what each filter changes."""
     grads = {}
     for f in FILTERS:
         hidden, weight = (t.detach().clone().requires_grad_(True) for t in inputs[:2])
         linear_cross_entropy(hidden, weight, inputs[2], label_smoothing=beta, filter=f).backward()
         grads[f] = (hidden.grad.float(), weight.grad.float())
     return {
-        f"rel. diff {name}": ((loose - exact).abs().max() / exact.abs().max()).item()
-        for name, loose, exact in zip(("dE", "dC"), grads["loose"], grads["exact"])
+        f"rel. diff {name} {f}": ((grads[f][k] - grads["none"][k]).abs().max() / grads["none"][k].abs().max()).item()
+        for f in ("exact", "loose") for k, name in enumerate(("dE", "dC"))
     }
 
 
@@ -262,12 +296,11 @@ def environment(device: str) -> dict:
         "git": rev,
         "forward_tiles": dataclasses.asdict(forward.TILES),
         "backward_tiles": dataclasses.asdict(backward.TILES),
-        "filter_mass": {"exact": backward.FILTER_MASS, "loose": backward.LOOSE_MASS},
+        "filter_mass": FILTER_MASS,
     }
 
 
-COLUMNS = ["method", "input", "beta", "fwd ms", "fwd+bwd ms", "fwd MiB", "fwd+bwd MiB", "active", "rel. diff dE",
-           "rel. diff dC"]
+COLUMNS = ["method", "input", "beta", "fwd ms", "fwd+bwd ms", "fwd MiB", "fwd+bwd MiB", "active"]
 
 
 def print_table(rows: list[dict]) -> None:
@@ -302,23 +335,18 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     for label, shape, inputs in make_all_inputs(args):
         for beta in (0.0, 0.1):
-            for name, fn in methods(beta, args.device).items():
-                if args.only and name not in args.only:
-                    continue
-                row = {"method": name, "input": label, "beta": beta, **shape}
-                try:
-                    row.update(measure(fn, inputs, args.device, args.warmup, args.iters))
-                    if name.startswith("ours") and args.device == "cuda":
-                        row["active"] = active_share(inputs, beta, name.split()[1])
-                    if name == "ours loose":
-                        row.update(loose_vs_exact(inputs, beta))
-                except Exception as e:  # noqa: BLE001 - an OOM or a library failure is a result too
-                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            fns = {name: fn for name, fn in methods(beta, args.device, args.baseline).items()
+                   if not args.only or name in args.only}
+            results = measure_interleaved(fns, inputs, args.device, args.warmup, args.iters)
+            for name, result in results.items():
+                row = {"method": name, "input": label, "beta": beta, **shape, **result}
+                if "error" not in row and name.startswith("ours") and args.device == "cuda":
+                    row["active"] = active_share(inputs, beta, name.split()[1])
+                if "error" not in row and name == "ours none" and args.device == "cuda":
+                    row.update(filter_changes(inputs, beta))
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "facts"}), flush=True)
-                if args.device == "cuda":
-                    torch.cuda.empty_cache()
-                write(args.out, rows, args)
+            write(args.out, rows, args)
         del inputs
     return rows
 
@@ -331,8 +359,7 @@ def run_tiles(args: argparse.Namespace) -> list[dict]:
         backward.BackwardTiles(dz_elements=1 << 23, chunk_vocab=2048),  # before 2026-11-24: 16 MiB dZ
         backward.BackwardTiles(dz_elements=1 << 24, chunk_vocab=4096),
         backward.BackwardTiles(chunk_vocab=8192),
-        backward.BackwardTiles(cublas_min_active=0.0),  # partly active chunks by cuBLAS too
-        backward.BackwardTiles(cublas_min_active=float("inf")),  # the Triton GEMMs only (before 2026-11-25)
+        backward.BackwardTiles(chunk_vocab=2048),
     ]
     rows = []
     for label, shape, inputs in make_all_inputs(args):
@@ -341,11 +368,8 @@ def run_tiles(args: argparse.Namespace) -> list[dict]:
             for beta in (0.0, 0.1):
                 row = {"input": label, "beta": beta, **{k: v for k, v in shape.items() if k != "facts"},
                        "backward_tiles": dataclasses.asdict(bt)}
-                try:
-                    row.update(measure(methods(beta, args.device)["ours exact"], inputs, args.device, args.warmup,
-                                       args.iters))
-                except Exception as e:  # noqa: BLE001
-                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                row.update(measure_interleaved({"ours exact": methods(beta, args.device)["ours exact"]}, inputs,
+                                               args.device, args.warmup, args.iters)["ours exact"])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 write(args.out, rows, args)
@@ -383,7 +407,7 @@ def write(path: str | None, rows: list[dict], args: argparse.Namespace) -> None:
         Path(path).write_text(json.dumps({**environment(args.device), **timing, "rows": rows}, indent=1))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=256000)
@@ -397,8 +421,9 @@ def main() -> None:
                    help="folders written by benchmarks/lce_real_inputs.py (with --inputs real)")
     p.add_argument("--tiles", action="store_true", help="compare tile configurations of our kernel instead")
     p.add_argument("--profile", action="store_true", help="CUDA time per kernel of our forward + backward instead")
+    p.add_argument("--baseline", help="importable copy of an earlier kernels/ (e.g. kernels_old) timed alongside")
     p.add_argument("--out", help="JSON file to write (rewritten after every row)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.profile:
         run_profile(args)
     elif args.tiles:

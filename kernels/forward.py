@@ -2,12 +2,10 @@
 
 For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s * tanh(. / s) with softcap):
 - `_lse_forward_kernel`: program (row block, vocabulary split) walks its vocabulary tiles and keeps the online
-  max m and sum s = sum exp(z - m) over v != y, plus sum_v z_iv (all v). For the backward's gradient filter it
-  stores, per (row block, tile), the largest non-target logit of the tile's valid rows, and with ROW_MASS (for
-  filter="loose") each row's log-sum-exp of the tile's non-target logits, (tiles, N): the combine step turns
-  it into max over the block's valid rows of log(the tile's non-target probability mass), (row blocks, tiles).
-  With HAS_PERM (filter="loose") tile position j holds vocabulary entry PERM[j]: a vocabulary order in which
-  likely tokens share tiles.
+  max m and sum s = sum exp(z - m) over v != y, plus sum_v z_iv (all v). For the backward's gradient filter
+  (kernels/filter.py), with FILTERING tile position j holds vocabulary entry PERM[j] (the vocabulary sorted so
+  that likely tokens share tiles) and each row's log-sum-exp of each tile's non-target logits is stored,
+  (tiles, N).
 - `_target_logit_kernel`: z_iy, one dot product per token.
 - `triton_forward` combines the splits: LSE_i = logaddexp(m + log s, z_iy) and
   loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv.
@@ -23,6 +21,8 @@ import triton
 import triton.language as tl
 
 from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
+from kernels.filter import FILTER_MASS
+from kernels.filter import plan as filter_plan
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,11 @@ TILES = ForwardTiles()
 
 @triton.jit
 def _lse_forward_kernel(
-    E, C, T, PERM, M_out, S_out, ZSUM_out, TMAX_out, TLSE_out,
+    E, C, T, PERM, M_out, S_out, ZSUM_out, TLSE_out,
     N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, tiles_per_split,
-    num_vtiles, stride_tlse, softcap, ignore_index,
+    stride_tlse, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, ROW_MASS: tl.constexpr, HAS_PERM: tl.constexpr, E_TMA: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, E_TMA: tl.constexpr,
     C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs; results of split s go to row
@@ -73,20 +73,19 @@ def _lse_forward_kernel(
             C_TMA, DOT_UPCAST, DOT_PRECISION,
         )
         cols = pos
-        if HAS_PERM:  # tile positions -> vocabulary ids
+        if FILTERING:  # tile positions -> vocabulary ids
             cols = tl.load(PERM + tl.minimum(pos, V - 1))
         if HAS_SOFTCAP:
             z = softcap_fn(z, softcap)
         z_sum += tl.sum(tl.where(col_ok[None, :], z, 0.0), axis=1)
         z = tl.where(col_ok[None, :] & (cols[None, :] != y[:, None]), z, float("-inf"))
         t_max = tl.max(z, axis=1)
-        tl.store(TMAX_out + rblock * num_vtiles + t, tl.max(tl.where(y >= 0, t_max, float("-inf")), axis=0))
         m_new = tl.maximum(m_run, t_max)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         t_sum = tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
         s_run = s_run * tl.exp(m_run - m_safe) + t_sum
         m_run = m_new
-        if ROW_MASS:  # t_sum = 0 only where it underflows (or the tile is empty): bound it by BLOCK_V e^{t_max}
+        if FILTERING:  # t_sum = 0 only where it underflows (or the tile is empty): bound it by BLOCK_V e^{t_max}
             t_lse = tl.where(t_sum > 0.0, m_safe + tl.log(t_sum), t_max + tl.log(tl.zeros_like(t_max) + BLOCK_V))
             tl.store(TLSE_out + t * stride_tlse + rows, t_lse, mask=row_ok)
 
@@ -138,7 +137,7 @@ def choose_splits(n: int, row_blocks: int, vocab_tiles: int, sms: int) -> int:
     return min(range(1, most + 1), key=cost)
 
 
-# Bytes of a contiguous copy of permuted head rows (filter="loose") that one forward launch reads by TMA.
+# Bytes of a contiguous copy of permuted head rows (with a filter) that one forward launch reads by TMA.
 GATHER_BYTES = 64 << 20
 
 
@@ -156,11 +155,11 @@ def triton_forward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, tile max,
-    tile log-mass, vocabulary order)). For filter="loose" the vocabulary is walked in the order of descending
-    mean logit over the batch (C @ mean_i E_i), so that likely tokens share tiles (tiles, their statistics and
-    the backward follow that order), and the tile log-mass (row blocks, tiles) is computed. For "exact" (and
-    for softcap with beta > 0, which filters nothing) both are empty: the natural order, no log-mass."""
+    """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, vocabulary
+    order, row order, kept tiles)). With a filter (not "none", and not softcap with beta > 0, which must stay
+    dense) the vocabulary is walked in the order of descending mean logit over the batch (C @ mean_i E_i), and
+    kernels/filter.py turns the per-row tile statistics into the backward's row order and kept tiles; otherwise
+    the three are empty: natural order, everything kept."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -170,15 +169,14 @@ def triton_forward(
     )
     t = TILES
     row_blocks, vocab_tiles = triton.cdiv(n, t.block_n), triton.cdiv(vocab, t.block_v)
-    tile_max = torch.empty(row_blocks, vocab_tiles, dtype=torch.float32, device=dev)
-    row_mass = filter == "loose"
+    filtering = filter != "none" and not (softcap is not None and label_smoothing > 0.0) and n > 0
     order = torch.empty(0, dtype=torch.int64, device=dev)
-    if row_mass and not (softcap is not None and label_smoothing > 0.0):
+    if filtering:
         mean_hidden = hidden.mean(dim=0, dtype=torch.float32).to(weight.dtype)
         order = torch.argsort(torch.mv(weight, mean_hidden).float(), descending=True)
     # (span, first tile, end tile, tiles per split, first split) of each launch; each has its own splits
     launches, total_splits = [], 0
-    for p0, p1 in position_spans(vocab, d * weight.element_size(), t.block_v, order.numel() > 0):
+    for p0, p1 in position_spans(vocab, d * weight.element_size(), t.block_v, filtering):
         tile_lo, tile_hi = p0 // t.block_v, triton.cdiv(p1, t.block_v)
         splits = choose_splits(n, row_blocks, tile_hi - tile_lo, num_sms(dev))
         tiles_per_split = triton.cdiv(tile_hi - tile_lo, splits)
@@ -188,19 +186,19 @@ def triton_forward(
     s_part, zsum_part = torch.empty_like(m_part), torch.empty_like(m_part)
     padded = row_blocks * t.block_n
     # (tiles, padded N) float32: 32 MiB at N = 8192, V = 262144, freed at the end of the forward
-    tile_lse = torch.empty(vocab_tiles if row_mass else 0, padded, dtype=torch.float32, device=dev)
+    tile_lse = torch.empty(vocab_tiles if filtering else 0, padded, dtype=torch.float32, device=dev)
     e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
     for (p0, p1), tile_lo, tile_hi, tiles_per_split, split_lo in launches if n > 0 else ():
-        head = weight if order.numel() == 0 else weight.index_select(0, order[p0:p1])  # row j: position p0 + j
+        head = weight if not filtering else weight.index_select(0, order[p0:p1])  # row j: position p0 + j
         c_arg, c_tma = tma_operand(head, [t.block_v, t.block_k])
         programs = row_blocks * triton.cdiv(tile_hi - tile_lo, tiles_per_split)
         _lse_forward_kernel[(programs,)](
-            e_arg, c_arg, targets, order if order.numel() else targets, m_part, s_part, zsum_part, tile_max,
-            tile_lse if row_mass else tile_max,
+            e_arg, c_arg, targets, order if filtering else targets, m_part, s_part, zsum_part,
+            tile_lse if filtering else m_part,
             n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, tiles_per_split,
-            vocab_tiles, padded, softcap or 1.0, ignore_index,
-            BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, ROW_MASS=row_mass,
-            HAS_PERM=order.numel() > 0, E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps,
+            padded, softcap or 1.0, ignore_index,
+            BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, FILTERING=filtering,
+            E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps,
             num_stages=t.num_stages, **tl_args,
         )
     valid = targets != ignore_index
@@ -224,8 +222,7 @@ def triton_forward(
     target_prob = torch.where(valid, torch.exp(z_y - lse), float("nan"))
     max_prob = torch.exp(torch.where(valid, torch.maximum(m, z_y), m) - lse)
     rest_prob = torch.exp(lse_rest - lse)  # 1 - p_y, exact even where p_y rounds to 1
-    if row_mass:  # log mass of tile t for row i = tile LSE - LSE_i; max over the block's valid rows
-        tile_lse[:, :n].sub_(lse)
-        tile_lse.masked_fill_(~torch.nn.functional.pad(valid, (0, padded - n), value=False), float("-inf"))
-        tile_lse = tile_lse.view(vocab_tiles, row_blocks, t.block_n).amax(dim=2).T.contiguous()
-    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, tile_max, tile_lse, order)
+    rows = kept = torch.empty(0, dtype=torch.int64, device=dev)
+    if filtering:
+        rows, kept = filter_plan(tile_lse, lse, y >= 0, t.block_n, FILTER_MASS[filter])
+    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, order, rows, kept)

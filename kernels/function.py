@@ -1,9 +1,9 @@
 """The autograd Function shared by both backends: forward keeps only O(N) state, backward recomputes.
 
 A backend supplies `forward(E, C, y, beta, ignore_index, softcap, filter) -> (loss, lse, p_target, p_max, saved)`
-(per token, float32; `saved`: small tensors, O(N) plus one float per logits tile) and
+(per token, float32; `saved`: O(N + V) tensors) and
 `backward(E, C, y, saved, g, beta, ignore_index, softcap, filter, need_dE, need_dC) -> (dE, dC)` (filter:
-"exact" or "loose", see kernels/backward.py).
+"exact", "loose" or "none", see kernels/filter.py).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Accuracy rule (after Cut Cross-Entropy): for float16/bfloat16 inputs, the max abs error of our loss and of
 each gradient against the float64 truth must not exceed torch's own error in that dtype (F.cross_entropy on
 materialised low-precision logits) plus a margin of LOWP_MARGIN * max|truth|. For float32 inputs the error
-must be below FP32_RTOL * max|truth|. With filter="loose" the bound of each gradient grows by the mass that
-filter may drop (backward.LOOSE_MASS = m): m max_i g_i max|C| for dhidden, m sum_i g_i max|E| for dweight
-(`loose_slack`).
+must be below FP32_RTOL * max|truth|. With a gradient filter the bound of each gradient grows by the mass the
+filter may drop per token (kernels.filter.FILTER_MASS = m): m max_i g_i max|C| for dhidden, m sum_i g_i max|E|
+for dweight (`filter_slack`).
 """
 
 from __future__ import annotations
@@ -91,19 +91,20 @@ def truth_and_torch(
 
 
 def filtered_truth(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, block_n: int,
-    block_v: int, label_smoothing: float = 0.0, order: torch.Tensor | None = None,
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, kept_tiles: torch.Tensor, block_v: int,
+    label_smoothing: float = 0.0, order: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """float64 (loss, dhidden, dweight, dropped mass per token) of reduction="mean" with the softmax part p_iv
-    (v != y_i) zeroed where keep[i // block_n, j // block_v] is False, j the position of v (v = order[j] if
-    order is given, else v = j): exactly what a backward filtering those tiles computes (the loss, the target
-    column and the uniform -beta / V part are never filtered)."""
+    (v != y_i) zeroed at the positions j >= kept_tiles[i] * block_v of token i, v = order[j] (v = j without order):
+    exactly what a backward filtering those tiles computes (the loss, the target column and the uniform -beta / V
+    part are never filtered)."""
     e, c = hidden.double(), weight.double()
     valid = targets != -100
     y = torch.where(valid, targets, 0)
     logits = e @ c.T
     p = logits.softmax(dim=1)
-    kept = keep.repeat_interleave(block_n, 0)[: e.shape[0]].repeat_interleave(block_v, 1)[:, : c.shape[0]]
+    positions = torch.arange(c.shape[0], device=e.device)
+    kept = positions[None, :] < kept_tiles.to(e.device)[:, None] * block_v  # by position
     if order is not None:
         kept = torch.empty_like(kept).index_copy_(1, order, kept)
     is_target = torch.nn.functional.one_hot(y, c.shape[0]).bool()
@@ -116,7 +117,7 @@ def filtered_truth(
     return loss, dz @ c, dz.T @ e, dropped
 
 
-def loose_slack(
+def filter_slack(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, mass: float,
 ) -> tuple[float, float, float]:
     """What dropping at most `mass` of probability per token may change, for reduction="mean": (loss: 0,

@@ -10,9 +10,10 @@ if not torch.cuda.is_available():  # before the kernels are defined: the interpr
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from kernels import backward, forward, linear_cross_entropy  # noqa: E402
+from kernels import filter as lce_filter  # noqa: E402
 from kernels.reference import reference_cross_entropy  # noqa: E402
 from kernels.testing import (  # noqa: E402
-    assert_accurate, chunked_truth, filtered_truth, loose_slack, loss_and_grads, make_case, truth_and_torch,
+    assert_accurate, chunked_truth, filter_slack, filtered_truth, loss_and_grads, make_case, truth_and_torch,
 )
 
 pytestmark = pytest.mark.gpu
@@ -26,25 +27,26 @@ def _torch_bf16(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
 
 
 @pytest.mark.parametrize("peaked", [False, True], ids=["random", "peaked"])
-def test_paper_shape(peaked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Random inputs (nothing filtered) and peaked ones (nearly every block filtered), beta = 0.1, 5% ignored.
+def test_paper_shape(peaked: bool) -> None:
+    """Random inputs (nothing filtered) and peaked ones (nearly every tile filtered), beta = 0.1, 5% ignored.
     For peaked inputs the filtered gradients must also stay within the filter's bound of the unfiltered ones."""
     hidden, weight, targets = make_case(N, V, D, torch.bfloat16, peaked=peaked, ignore_frac=0.05, device="cuda")
     kw = dict(label_smoothing=0.1)
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
     truth = chunked_truth(hidden, weight, targets, **kw)
-    assert_accurate(ours, truth, _torch_bf16(hidden, weight, targets, **kw), torch.bfloat16)
+    assert_accurate(ours, truth, _torch_bf16(hidden, weight, targets, **kw), torch.bfloat16,
+                    slack=filter_slack(hidden, weight, targets, lce_filter.FILTER_MASS["exact"]))
+    *_, (_, _, _, _, _, kept) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, "exact")
+    share = lce_filter.kept_share(kept, -(-V // forward.TILES.block_v))
     if not peaked:
+        assert share > 0.99
         return
-    _, lse, _, _, (_, _, _, tile_max, _, _) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None)
-    g = (targets != -100).float() / (targets != -100).sum()
-    assert backward.active_tiles(tile_max, lse, g, V).float().mean().item() < 0.01
-    mass = backward.FILTER_MASS
-    monkeypatch.setattr(backward, "FILTER_MASS", 0.0)
-    dense = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
-    ulp = 2.0**-8
+    assert share < 0.01
+    dense = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="none", **kw)
+    mass, ulp = lce_filter.FILTER_MASS["exact"], 2.0**-8
+    g = (targets != -100).double() / (targets != -100).sum()
     assert ((ours[1] - dense[1]).abs() <= mass * g.max() * weight.double().abs().max() + ulp * dense[1].abs()).all()
-    assert ((ours[2] - dense[2]).abs() <= mass / V * hidden.double().abs().max() + ulp * dense[2].abs()).all()
+    assert (ours[2] - dense[2]).abs().sum(dim=0).max() <= mass * hidden.double().abs().max() + ulp * dense[2].abs().sum()
 
 
 @pytest.mark.parametrize(
@@ -66,26 +68,36 @@ def test_moderate_shape(dtype: torch.dtype, beta: float, softcap: float | None, 
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
-@pytest.mark.parametrize(
-    ("cublas_min_active", "dz_block_v", "column_major"),
-    [(0.0, 256, False), (0.5, 256, False), (float("inf"), 256, False), (0.5, 128, True)],
-)
-def test_mixed_filtering(
-    cublas_min_active: float, dz_block_v: int, column_major: bool, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Peaked rows and one flat row block: vocabulary chunks are skipped, partly active or dense; their GEMMs run
-    in cuBLAS (skipped tiles zeroed, dE accumulated in float32) or in the Triton GEMMs (masked or not); dZ tiles
-    128 wide; column-major hidden and weight (strided cuBLAS operands, no copy of the head)."""
-    tiles = backward.BackwardTiles(cublas_min_active=cublas_min_active, dz_block_v=dz_block_v)
-    monkeypatch.setattr(backward, "TILES", tiles)
+@pytest.mark.parametrize(("filter_name", "dz_block_v", "column_major"),
+                         [("exact", 256, False), ("loose", 256, False), ("exact", 128, True), ("none", 256, False)])
+def test_mixed_filtering(filter_name: str, dz_block_v: int, column_major: bool, monkeypatch: pytest.MonkeyPatch,
+                         ) -> None:
+    """Peaked rows, one flat and one intermediate row block: vocabulary chunks kept by all rows, by trailing rows
+    only, or by none; exactly the float64 gradient with the dropped tiles' softmax part removed, at most the budget
+    dropped per token, within the filter's tolerance of the plain truth; dZ tiles 128 wide; column-major hidden
+    and weight (strided operands: pointer loads, no copy of the head)."""
+    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_block_v=dz_block_v))
     hidden, weight, targets = make_case(1000, 50000, 512, torch.bfloat16, peaked=True, ignore_frac=0.1, device="cuda")
     hidden[128:256] *= 0.05
+    hidden[256:384] *= 0.5
     kw = dict(label_smoothing=0.1)
     h_in, w_in = hidden, weight
     if column_major:
         h_in, w_in = hidden.T.contiguous().T, weight.T.contiguous().T  # dense, so loss_and_grads' clone keeps them
-    ours = loss_and_grads(linear_cross_entropy, h_in, w_in, targets, **kw)
-    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), torch.bfloat16)
+    ours = loss_and_grads(linear_cross_entropy, h_in, w_in, targets, filter=filter_name, **kw)
+    truth, own = truth_and_torch(hidden, weight, targets, **kw)
+    if filter_name == "none":
+        assert_accurate(ours, truth, own, torch.bfloat16)
+        return
+    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, filter_name)
+    tiles = -(-50000 // forward.TILES.block_v)
+    assert kept[0] == 0 and kept[-1] == tiles and 0.0 < lce_filter.kept_share(kept, tiles) < 0.5
+    per_token = lce_filter.kept_per_token(rows, kept, 1000, forward.TILES.block_n)
+    *filtered, dropped = filtered_truth(hidden, weight, targets, per_token, forward.TILES.block_v, 0.1, order)
+    budget = lce_filter.FILTER_MASS[filter_name]
+    assert dropped.max().item() <= budget
+    assert_accurate(ours, tuple(filtered), tuple(f + (o - t) for f, o, t in zip(filtered, own, truth)), torch.bfloat16)
+    assert_accurate(ours, truth, own, torch.bfloat16, slack=filter_slack(hidden, weight, targets, budget))
 
 
 def test_out_of_range_target_raises_after_the_kernels() -> None:
@@ -106,30 +118,6 @@ def test_out_of_range_target_raises_after_the_kernels() -> None:
     torch.cuda.synchronize()
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets)
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets), torch.bfloat16)
-
-
-def test_loose_filter() -> None:
-    """filter="loose" on peaked rows, one flat and one intermediate row block: exactly the float64 gradient with
-    the skipped tiles' softmax part removed, at most LOOSE_MASS dropped per token, and within the loose
-    tolerance of the plain truth."""
-    hidden, weight, targets = make_case(1000, 50000, 512, torch.bfloat16, peaked=True, ignore_frac=0.1, device="cuda")
-    hidden[128:256] *= 0.05
-    hidden[256:384] *= 0.5
-    kw = dict(label_smoothing=0.1)
-    _, lse, _, _, (_, _, _, tile_max, log_mass, order) = forward.triton_forward(
-        hidden, weight, targets, 0.1, -100, None, "loose",
-    )
-    g = (targets != -100).float() / (targets != -100).sum()
-    exact = backward.active_tiles(tile_max, lse, g, 50000)
-    loose = backward.loose_active_tiles(exact, log_mass)
-    assert (loose <= exact).all()
-    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="loose", **kw)
-    *filtered, dropped = filtered_truth(hidden, weight, targets, loose, forward.TILES.block_n,
-                                        forward.TILES.block_v, 0.1, order)
-    assert dropped.max().item() <= backward.LOOSE_MASS
-    truth, own = truth_and_torch(hidden, weight, targets, **kw)
-    assert_accurate(ours, tuple(filtered), tuple(f + (o - t) for f, o, t in zip(filtered, own, truth)), torch.bfloat16)
-    assert_accurate(ours, truth, own, torch.bfloat16, slack=loose_slack(hidden, weight, targets, backward.LOOSE_MASS))
 
 
 def test_single_token_and_all_ignored() -> None:
