@@ -30,7 +30,7 @@ Usage (repo root, GPU machine):
     python benchmarks/bench_linear_ce.py --out results/bench_linear_ce.json      # random and peaked
     python benchmarks/bench_linear_ce.py --inputs real random    # real inputs from .gpu_lce/ (below)
     python benchmarks/bench_linear_ce.py --tiles --inputs real random   # our kernel under a few chunk configurations
-    python benchmarks/bench_linear_ce.py --profile        # CUDA time per kernel of our forward + backward
+    python benchmarks/bench_linear_ce.py --profile --inputs real   # CUDA and host time per op of ours exact
     python benchmarks/bench_linear_ce.py --n 256 --vocab 1024 --dim 64 --device cpu --iters 2   # harness dry run
 
 Real inputs on the GPU machine (its image lacks gguf, Liger and CCE; a call carries at most 64 MiB). On a CPU:
@@ -378,26 +378,30 @@ def run_tiles(args: argparse.Namespace) -> list[dict]:
 
 
 def run_profile(args: argparse.Namespace) -> None:
-    """CUDA time per kernel of our forward + backward (beta = 0.1, random inputs), after a warm-up."""
-    inputs = make_inputs("random", args.n, args.vocab, args.dim, args.device)
-    hidden, weight, targets = (t.detach() for t in inputs)
-    hidden.requires_grad_(True)
-    weight.requires_grad_(True)
-    step = methods(0.1, args.device)["ours exact"]
-    for _ in range(args.warmup):
-        step(hidden, weight, targets).backward()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            hidden.grad = weight.grad = None
+    """CUDA time per kernel of one method's forward + backward (--only, default ours exact; beta 0.1) on each
+    --inputs, after a warm-up; then host and device time of its forward alone."""
+    name = args.only[0] if args.only else "ours exact"
+    for label, _, inputs in make_all_inputs(args):
+        print(f"## {name}, {label}, beta 0.1")
+        hidden, weight, targets = (t.detach() for t in inputs)
+        hidden.requires_grad_(True)
+        weight.requires_grad_(True)
+        step = methods(0.1, args.device, args.baseline)[name]
+        for _ in range(args.warmup):
             step(hidden, weight, targets).backward()
-        torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:  # the forward alone: where its wall time goes
-        for _ in range(3):
-            step(hidden, weight, targets)
-        torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=20, max_name_column_width=60))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                hidden.grad = weight.grad = None
+                step(hidden, weight, targets).backward()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:  # the whole step: where its host time goes
+            for _ in range(3):
+                hidden.grad = weight.grad = None
+                step(hidden, weight, targets).backward()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
 
 
 def write(path: str | None, rows: list[dict], args: argparse.Namespace) -> None:
@@ -420,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--real", nargs="*", default=[".gpu_lce/gemma3-270m", ".gpu_lce/smollm2-135m"],
                    help="folders written by benchmarks/lce_real_inputs.py (with --inputs real)")
     p.add_argument("--tiles", action="store_true", help="compare tile configurations of our kernel instead")
-    p.add_argument("--profile", action="store_true", help="CUDA time per kernel of our forward + backward instead")
+    p.add_argument("--profile", action="store_true", help="CUDA and host time per op of one method (--only) instead")
     p.add_argument("--baseline", help="importable copy of an earlier kernels/ (e.g. kernels_old) timed alongside")
     p.add_argument("--out", help="JSON file to write (rewritten after every row)")
     args = p.parse_args(argv)

@@ -33,6 +33,7 @@ import triton.language as tl
 from kernels import forward
 from kernels._host import AsyncHostCopy
 from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
+from kernels.filter import staircase
 
 @dataclass(frozen=True)
 class BackwardTiles:
@@ -219,6 +220,11 @@ def triton_backward(
         a = a * (1.0 - (z_y / softcap) ** 2)
     a = torch.where(valid, a, 0.0)
 
+    kept_host = None
+    if rows.numel() > 0:  # the filter's plan: one host sync, right at the start of the backward
+        kept_host = AsyncHostCopy(kept).get()
+        if int(kept_host.min()) == triton.cdiv(vocab, forward.TILES.block_v):  # nothing dropped: the dense path
+            rows, kept_host = rows[:0], None
     acc = torch.zeros((max(rows.numel(), n), d), dtype=torch.float32, device=dev) if need_hidden_grad else None
     d_weight = None
     if need_weight_grad and rank_one_uniform:
@@ -226,7 +232,7 @@ def triton_backward(
     elif need_weight_grad:
         d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     if n > 0:
-        _softmax_part(hidden, weight, y, lse, g, gscale, order, rows, kept, d_weight, acc, beta, softcap)
+        _softmax_part(hidden, weight, y, lse, g, gscale, order, rows, kept, kept_host, d_weight, acc, beta, softcap)
     d_hidden = None
     if acc is not None:
         cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
@@ -265,8 +271,9 @@ def _accumulate_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: 
 
 
 def chunk_shape(row_blocks: int, num_vtiles: int, d: int, n: int, itemsize: int, has_acc: bool) -> tuple[int, int]:
-    """(chunk rows, chunk vocabulary) of the dZ chunk: TILES.chunk_vocab wide (at most the vocabulary), as many
-    whole row blocks as TILES.dz_elements and TILES.extra_bytes less the float32 dE accumulator allow (at least one)."""
+    """(chunk rows, chunk vocabulary) of the dense path's dZ chunk: TILES.chunk_vocab wide (at most the
+    vocabulary), as many whole row blocks as TILES.dz_elements and TILES.extra_bytes less the float32 dE
+    accumulator allow (at least one)."""
     ft, bt = forward.TILES, TILES
     chunk_vocab = min(bt.chunk_vocab, num_vtiles * ft.block_v)
     acc_bytes = 4 * n * d if has_acc else 0
@@ -274,68 +281,129 @@ def chunk_shape(row_blocks: int, num_vtiles: int, d: int, n: int, itemsize: int,
     return min(row_blocks, max(1, elements // (chunk_vocab * ft.block_n))) * ft.block_n, chunk_vocab
 
 
+@dataclass
+class _Recompute:
+    """What every dZ launch of one backward shares: rows (E, LSE, G, Y in the row order), the head operand (the
+    whole head, or a buffer of gathered rows), the vocabulary order and kept tiles (with a filter)."""
+
+    e: torch.Tensor
+    y: torch.Tensor
+    lse: torch.Tensor
+    g: torch.Tensor
+    gscale: torch.Tensor
+    head: torch.Tensor
+    order: torch.Tensor | None
+    kept: torch.Tensor | None
+    vocab: int
+    beta: float
+    softcap: float | None
+
+    def __post_init__(self) -> None:
+        ft, bt = forward.TILES, TILES
+        self.e_arg, self.e_tma = tma_operand(self.e, [ft.block_n, ft.block_k])
+        self.c_arg, self.c_tma = tma_operand(self.head, [bt.dz_block_v, ft.block_k])
+        self.flags = dot_flags(self.e.dtype)
+        self.sms = forward.num_sms(self.e.device)  # one persistent recompute program per SM
+
+    def __call__(self, dz: torch.Tensor, r0: int, nr: int, c0: int, vc: int, c_off: int) -> None:
+        """dZ (nr x vc, rows dz.stride(0) apart, room for whole tiles) of rows r0 ..., vocabulary positions
+        c0 ...; the head operand's row 0 is position c_off."""
+        ft, bt = forward.TILES, TILES
+        filtering = self.kept is not None
+        rb = triton.cdiv(nr, ft.block_n)
+        _dz_kernel[(min(rb * triton.cdiv(vc, bt.dz_block_v), self.sms),)](
+            self.e_arg, self.c_arg, self.y, self.order if filtering else self.y, self.lse, self.g, self.gscale,
+            self.kept if filtering else self.y, dz,
+            self.e.shape[0], self.vocab, self.e.shape[1], r0, rb, c0, vc, c_off, *self.e.stride(),
+            *self.head.stride(), dz.stride(0), self.beta / self.vocab, self.softcap or 1.0,
+            BLOCK_N=ft.block_n, BLOCK_V=bt.dz_block_v, BLOCK_K=ft.block_k, EVEN_K=self.e.shape[1] % ft.block_k == 0,
+            MASK_V=ft.block_v, FILTERING=filtering, HAS_SOFTCAP=self.softcap is not None,
+            DENSE_UNIFORM=self.softcap is not None and self.beta > 0.0, E_TMA=self.e_tma, C_TMA=self.c_tma,
+            num_warps=ft.num_warps, num_stages=bt.dz_stages, **self.flags,
+        )
+
+
 def _softmax_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-    gscale: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor,
+    gscale: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor, kept_host: np.ndarray | None,
     d_weight: torch.Tensor | None, acc: torch.Tensor | None, beta: float, softcap: float | None,
 ) -> None:
-    """dC += (softmax part)^T E and acc += (softmax part) C (acc float32, in the row order), chunk by chunk of
-    vocabulary positions and rows: with a filter (rows not empty), token rows[p] at row p and vocabulary entry
-    order[j] at position j, and only the rows whose blocks keep a tile of the chunk."""
+    """dC += (softmax part)^T E and acc += (softmax part) C (acc float32): with the filter's plan (kept_host: its
+    kept tiles on the host) the staircase of kept tiles in the row order (`_staircase_part`), else dense."""
+    alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
+    if kept_host is not None:
+        _staircase_part(hidden, weight, y, lse, g, gscale, order, rows, kept, kept_host, d_weight, acc, beta,
+                        softcap, alpha)
+        return
+    # nothing filtered: every row and tile, in the natural orders (rows of acc: tokens)
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    ft = forward.TILES
+    chunk_rows, chunk_vocab = chunk_shape(
+        triton.cdiv(n, ft.block_n), triton.cdiv(vocab, ft.block_v), d, n, hidden.element_size(), acc is not None,
+    )
+    dz = torch.empty(chunk_rows, chunk_vocab, dtype=hidden.dtype, device=hidden.device)
+    recompute = _Recompute(hidden, y, lse, g, gscale, weight, None, None, vocab, beta, softcap)
+    for c0 in range(0, vocab, chunk_vocab):
+        vc = min(chunk_vocab, vocab - c0)
+        for r0 in range(0, n, chunk_rows):
+            nr = min(chunk_rows, n - r0)
+            recompute(dz, r0, nr, c0, vc, 0)
+            dz_chunk = dz[:nr, :vc]
+            if d_weight is not None:  # d_weight holds u and earlier row chunks: one rounding per row chunk
+                d_weight[c0 : c0 + vc].addmm_(dz_chunk.T, hidden[r0 : r0 + nr], alpha=alpha)
+            if acc is not None:
+                _accumulate_f32(acc[r0 : r0 + nr], dz_chunk, weight[c0 : c0 + vc], alpha)
+
+
+# Bytes of each of the two buffers of gathered head rows and dC rows (sorted vocabulary) a filtered backward holds.
+GATHER_BUFFER_BYTES = 8 << 20
+
+
+def _staircase_part(
+    hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+    gscale: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor, kept_host: np.ndarray,
+    d_weight: torch.Tensor | None, acc: torch.Tensor | None, beta: float, softcap: float | None, alpha: float,
+) -> None:
+    """The softmax part over the rectangles of kernels.filter.staircase: token rows[p] at row p (acc's rows too),
+    vocabulary entry order[j] at position j. Each rectangle's head rows and dC rows are gathered into fixed
+    buffers (one TMA descriptor for all), dZ is a flat buffer shaped per piece; the rest of the scratch budget
+    (TILES.extra_bytes) after dE's accumulator, the hidden states in the row order and the two buffers."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     ft, bt = forward.TILES, TILES
-    filtering = rows.numel() > 0
-    if filtering:  # the per-token inputs in the row order; padding rows (index >= n) get g = 0
-        real = rows < n
-        src = torch.where(real, rows, 0)
-        e, lse, y = hidden.index_select(0, src), lse[src], torch.where(real, y[src], -1)
-        g = torch.where(real, g[src], 0.0)
-        kept_host = AsyncHostCopy(kept)
-    else:
-        e = hidden
+    itemsize = hidden.element_size()
+    real = rows < n  # padding rows (index >= n) get g = 0
+    src = torch.where(real, rows, 0)
+    e, lse, y = hidden.index_select(0, src), lse[src], torch.where(real, y[src], -1)
+    g = torch.where(real, g[src], 0.0)
     n_rows = e.shape[0]
-    row_blocks = triton.cdiv(n_rows, ft.block_n)
-    chunk_rows, chunk_vocab = chunk_shape(
-        row_blocks, triton.cdiv(vocab, ft.block_v), d, n_rows, hidden.element_size(), acc is not None,
-    )
-    dz = torch.empty(chunk_rows, chunk_vocab, dtype=hidden.dtype, device=hidden.device)
-    flags = dot_flags(hidden.dtype)
-    alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
-    e_arg, e_tma = tma_operand(e, [ft.block_n, ft.block_k])
-    whole_head = tma_operand(weight, [bt.dz_block_v, ft.block_k])
-    sms = forward.num_sms(hidden.device)  # one persistent recompute program per SM
-
-    for c0 in range(0, vocab, chunk_vocab):
-        vc = min(chunk_vocab, vocab - c0)
-        first_block = 0
-        if filtering and c0 > 0:  # the first chunk is queued before the host waits for the kept tiles
-            first_block = int(np.searchsorted(kept_host.get(), c0 // ft.block_v, side="right"))
-            if first_block == row_blocks:  # kept is ascending: no later chunk is kept either
-                break
-        ids = order[c0 : c0 + vc] if filtering else None
-        head = weight.index_select(0, ids) if filtering else weight[c0 : c0 + vc]  # row j: position c0 + j
-        # the kernel reads the gathered rows (head row 0 = position c0), or the whole head in place
-        c_off, (c_arg, c_tma) = (c0, tma_operand(head, [bt.dz_block_v, ft.block_k])) if filtering else (0, whole_head)
-        part = None
-        if d_weight is not None:  # dC rows of the chunk: gathered in the vocabulary order, scattered back below
-            part = d_weight.index_select(0, ids) if filtering else d_weight[c0 : c0 + vc]
-        for r0 in range(first_block * ft.block_n, n_rows, chunk_rows):
-            nr = min(chunk_rows, n_rows - r0)
-            rb = triton.cdiv(nr, ft.block_n)
-            _dz_kernel[(min(rb * triton.cdiv(vc, bt.dz_block_v), sms),)](
-                e_arg, c_arg, y, order if filtering else y, lse, g, gscale, kept if filtering else y, dz,
-                n_rows, vocab, d, r0, rb, c0, vc, c_off, *e.stride(), *head.stride(), dz.stride(0),
-                beta / vocab, softcap or 1.0,
-                BLOCK_N=ft.block_n, BLOCK_V=bt.dz_block_v, BLOCK_K=ft.block_k, EVEN_K=d % ft.block_k == 0,
-                MASK_V=ft.block_v, FILTERING=filtering, HAS_SOFTCAP=softcap is not None,
-                DENSE_UNIFORM=softcap is not None and beta > 0.0, E_TMA=e_tma, C_TMA=c_tma,
-                num_warps=ft.num_warps, num_stages=bt.dz_stages, **flags,
-            )
-            dz_chunk = dz[:nr, :vc]
-            if part is not None:  # part holds u and earlier row chunks: one rounding per row chunk
-                part.addmm_(dz_chunk.T, e[r0 : r0 + nr], alpha=alpha)
-            if acc is not None:
-                _accumulate_f32(acc[r0 : r0 + nr], dz_chunk, head, alpha)
-        if part is not None and filtering:
-            d_weight.index_copy_(0, ids, part)
+    width_cap = max(1, GATHER_BUFFER_BYTES // (d * itemsize * ft.block_v)) * ft.block_v  # positions
+    head_buf = torch.empty(width_cap, d, dtype=weight.dtype, device=weight.device)
+    part_buf = torch.empty_like(head_buf) if d_weight is not None else None
+    scratch = bt.extra_bytes - (4 * n_rows * d if acc is not None else 0) - e.numel() * itemsize
+    scratch -= (2 if part_buf is not None else 1) * head_buf.numel() * itemsize
+    elements = max(ft.block_n * ft.block_v, min(bt.dz_elements, scratch // itemsize))
+    dz_flat = torch.empty(elements, dtype=hidden.dtype, device=hidden.device)
+    recompute = _Recompute(e, y, lse, g, gscale, head_buf, order, kept, vocab, beta, softcap)
+    for first_block, t0, t1 in staircase(kept_host.tolist(), bt.chunk_vocab // ft.block_v):
+        r_begin = first_block * ft.block_n
+        rows_per_piece = min(n_rows - r_begin, max(ft.block_n, elements // bt.chunk_vocab // ft.block_n * ft.block_n))
+        width = min(width_cap, max(ft.block_v, elements // rows_per_piece // ft.block_v * ft.block_v))
+        end = min(t1 * ft.block_v, vocab)
+        for c0 in range(t0 * ft.block_v, end, width):
+            vc = min(width, end - c0)
+            ids = order[c0 : c0 + vc]
+            head = torch.index_select(weight, 0, ids, out=head_buf[:vc])
+            part = torch.index_select(d_weight, 0, ids, out=part_buf[:vc]) if d_weight is not None else None
+            for r0 in range(r_begin, n_rows, rows_per_piece):
+                nr = min(rows_per_piece, n_rows - r0)
+                stride = triton.cdiv(vc, ft.block_v) * ft.block_v  # the kernel writes whole tiles
+                dz = dz_flat[: nr * stride].view(nr, stride)[:, :vc]
+                recompute(dz, r0, nr, c0, vc, c0)
+                if part is not None:  # part holds u and earlier row pieces: one rounding per piece
+                    part.addmm_(dz.T, e[r0 : r0 + nr], alpha=alpha)
+                if acc is not None:
+                    _accumulate_f32(acc[r0 : r0 + nr], dz, head, alpha)
+            if part is not None:
+                d_weight.index_copy_(0, ids, part)

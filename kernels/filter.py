@@ -20,6 +20,8 @@ ulp); "none" filters nothing (no sort, no per-token statistics).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 FILTER_MASS = {"exact": 2.0**-10, "loose": 2.0**-8}
@@ -59,3 +61,21 @@ def kept_per_token(rows: torch.Tensor, kept: torch.Tensor, n: int, block_n: int)
     per_row = kept.repeat_interleave(block_n)
     real = rows < n
     return torch.zeros(n, dtype=torch.int64, device=rows.device).index_copy_(0, rows[real], per_row[real])
+
+
+def staircase(kept: Sequence[int], min_tiles: int) -> list[tuple[int, int, int]]:
+    """Dense rectangles (first block, first tile, end tile) covering the tiles kept by blocks whose kept tiles
+    K_b ascend: rectangle (b, t0, t1) holds every row from block b on and tiles [t0, t1), all of which the
+    blocks from b on keep. A rectangle narrower than min_tiles takes in the next one's tiles too (its first
+    blocks keep fewer of them: those are computed as zeros), so that few rectangles are narrow."""
+    out: list[list[int]] = []
+    done = 0
+    for block, k in enumerate(kept):
+        if k <= done:
+            continue
+        if out and out[-1][2] - out[-1][1] < min_tiles:
+            out[-1][2] = k
+        else:
+            out.append([block, done, k])
+        done = k
+    return [(b, t0, t1) for b, t0, t1 in out]

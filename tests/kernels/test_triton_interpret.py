@@ -172,31 +172,6 @@ def test_loose_drops_more_than_exact() -> None:
     assert (shares["loose"] == 0).all() and (shares["exact"] > 0).any()
 
 
-def test_plan_on_random_masses() -> None:
-    """kernels.filter.plan on random per-token tile masses: per block the dropped tiles' block masses sum to at
-    most the budget and keeping one tile fewer would exceed it, so every token drops at most the budget; blocks
-    come in ascending kept tiles; ignored tokens have no mass, sort first, and a block of them keeps nothing."""
-    g = torch.Generator().manual_seed(17)
-    n, tiles, bn, budget = 200, 40, 16, 2.0**-8
-    log_mass = -2.0 - 16.0 * torch.rand(tiles, n, generator=g) * torch.linspace(0.1, 1.0, tiles)[:, None]
-    lse = torch.zeros(n)
-    valid = torch.rand(n, generator=g) > 0.2
-    padded = 208
-    tile_lse = torch.nn.functional.pad(log_mass, (0, padded - n), value=float("nan"))  # padding: never read
-    rows, kept = lce_filter.plan(tile_lse, lse, valid, bn, budget)
-    assert torch.equal(rows.sort().values, torch.arange(padded)) and (kept.diff() >= 0).all()
-    mass = torch.where(valid, log_mass.double().exp(), 0.0)  # (tiles, n)
-    per_token = lce_filter.kept_per_token(rows, kept, n, bn)
-    dropped = torch.where(torch.arange(tiles)[:, None] >= per_token[None, :], mass, 0.0).sum(dim=0)
-    assert dropped.max().item() <= budget
-    block_mass = torch.nn.functional.pad(mass, (0, padded - n))[:, rows].view(tiles, -1, bn).amax(dim=2)
-    one_fewer = torch.stack([block_mass[k - 1 :, b].sum() for b, k in enumerate(kept.tolist()) if k > 0])
-    assert (one_fewer > budget).all()
-    first = rows[:bn]
-    assert ((first >= n) | ~valid[first.clamp_max(n - 1)]).all()  # ignored and padding rows first
-    assert kept[0] == 0 and 0.0 < lce_filter.kept_share(kept, tiles) < 1.0
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_filter_on_a_flat_softmax(dtype: torch.dtype) -> None:
     """Random logits of std 3: the filter drops little; float32 reads the gathered rows by pointers."""
