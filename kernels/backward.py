@@ -46,6 +46,12 @@ class BackwardTiles:
 
 TILES = BackwardTiles()
 
+# The staircase runs where the plan keeps at most this share of the tiles; above it the dense path (in the natural
+# orders: no gathers) costs less than what the filter would save.
+STAIRCASE_MAX_SHARE = 0.9
+# Bytes of each of the two buffers of gathered head rows and dC rows (sorted vocabulary) a filtered backward holds.
+GATHER_BUFFER_BYTES = 8 << 20
+
 
 @triton.jit
 def _dz_kernel(
@@ -223,7 +229,7 @@ def triton_backward(
     kept_host = None
     if rows.numel() > 0:  # the filter's plan: one host sync, right at the start of the backward
         kept_host = AsyncHostCopy(kept).get()
-        if int(kept_host.min()) == triton.cdiv(vocab, forward.TILES.block_v):  # nothing dropped: the dense path
+        if kept_host.mean() > STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v):  # little dropped
             rows, kept_host = rows[:0], None
     acc = torch.zeros((max(rows.numel(), n), d), dtype=torch.float32, device=dev) if need_hidden_grad else None
     d_weight = None
@@ -319,7 +325,7 @@ class _Recompute:
             BLOCK_N=ft.block_n, BLOCK_V=bt.dz_block_v, BLOCK_K=ft.block_k, EVEN_K=self.e.shape[1] % ft.block_k == 0,
             MASK_V=ft.block_v, FILTERING=filtering, HAS_SOFTCAP=self.softcap is not None,
             DENSE_UNIFORM=self.softcap is not None and self.beta > 0.0, E_TMA=self.e_tma, C_TMA=self.c_tma,
-            num_warps=ft.num_warps, num_stages=bt.dz_stages, **self.flags,
+            num_warps=ft.num_warps, num_stages=bt.dz_stages if self.e.element_size() == 2 else 2, **self.flags,
         )
 
 
@@ -356,10 +362,6 @@ def _softmax_part(
                 _accumulate_f32(acc[r0 : r0 + nr], dz_chunk, weight[c0 : c0 + vc], alpha)
 
 
-# Bytes of each of the two buffers of gathered head rows and dC rows (sorted vocabulary) a filtered backward holds.
-GATHER_BUFFER_BYTES = 8 << 20
-
-
 def _staircase_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
     gscale: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor, kept_host: np.ndarray,
@@ -367,8 +369,8 @@ def _staircase_part(
 ) -> None:
     """The softmax part over the rectangles of kernels.filter.staircase: token rows[p] at row p (acc's rows too),
     vocabulary entry order[j] at position j. Each rectangle's head rows and dC rows are gathered into fixed
-    buffers (one TMA descriptor for all), dZ is a flat buffer shaped per piece; the rest of the scratch budget
-    (TILES.extra_bytes) after dE's accumulator, the hidden states in the row order and the two buffers."""
+    buffers (one TMA descriptor for all), dZ is a flat buffer shaped per piece: the dense path's dZ chunk less the
+    hidden states in the row order and the two buffers, at least half of it."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     ft, bt = forward.TILES, TILES
@@ -381,9 +383,10 @@ def _staircase_part(
     width_cap = max(1, GATHER_BUFFER_BYTES // (d * itemsize * ft.block_v)) * ft.block_v  # positions
     head_buf = torch.empty(width_cap, d, dtype=weight.dtype, device=weight.device)
     part_buf = torch.empty_like(head_buf) if d_weight is not None else None
-    scratch = bt.extra_bytes - (4 * n_rows * d if acc is not None else 0) - e.numel() * itemsize
-    scratch -= (2 if part_buf is not None else 1) * head_buf.numel() * itemsize
-    elements = max(ft.block_n * ft.block_v, min(bt.dz_elements, scratch // itemsize))
+    dense_rows, dense_vocab = chunk_shape(triton.cdiv(n_rows, ft.block_n), triton.cdiv(vocab, ft.block_v), d, n_rows,
+                                          itemsize, acc is not None)
+    buffers = e.numel() + (2 if part_buf is not None else 1) * head_buf.numel()
+    elements = max(dense_rows * dense_vocab // 2, dense_rows * dense_vocab - buffers)
     dz_flat = torch.empty(elements, dtype=hidden.dtype, device=hidden.device)
     recompute = _Recompute(e, y, lse, g, gscale, head_buf, order, kept, vocab, beta, softcap)
     for first_block, t0, t1 in staircase(kept_host.tolist(), bt.chunk_vocab // ft.block_v):
