@@ -1,17 +1,13 @@
-"""How much of the backward each gradient-filter rule skips on real hidden states, and how much mass it drops.
+"""How much of the backward the loose gradient filter skips on real hidden states, and how much mass it drops.
 
 For inputs written by benchmarks/lce_real_inputs.py (CPU, float32 logits of the bf16 inputs, as the kernel
-computes them), in the kernel's tiles (forward.TILES: 128 rows x 256 vocabulary entries), per rule: the share of
-tiles skipped and the probability mass actually dropped per token (mean, 99th percentile, max). Rules:
-- exact: the kernel's default: P_t = exp(tile max of the non-target logits - smallest LSE of the row block)
-  < 2^-10 / V (backward.FILTER_MASS);
-- loose: the rule of the kernel's filter="loose": of the tiles exact keeps, those of smallest M_t = max over the
-  block's rows of the tile's non-target mass are skipped while their sum <= LOOSE_MASS - FILTER_MASS (2^-8 in
-  all);
-- loose@2^k: the same rule with 2^k in all instead (what other budgets would give);
-- cce: Cut Cross-Entropy's rule, every non-target probability of the tile < 2^-12 (no bound on the sum).
-Each is measured in the natural vocabulary order and sorted by mean logit over the batch (C @ mean_i E_i,
-descending), the order filter="loose" walks (so "sorted loose" is what the kernel does).
+computes them), the per-token log-sum-exp of each 256-wide tile of the vocabulary sorted by mean logit (what the
+forward stores with filter="loose"), then kernels.filter.plan itself at several budgets: the share of
+(128-row block x tile) products the backward computes, the work of the dense rectangles it runs them in
+(kernels.filter.staircase), and the probability mass actually dropped per token (mean, 99th percentile, max).
+Rows: the budget of filter="loose" (2^-8) and others, with the tokens in the plan's order and, for comparison,
+in their natural order (blocks of consecutive tokens: what sorting the tokens gains); and Cut Cross-Entropy's
+rule (skip a tile when every probability of its rows is < 2^-12, no bound on the sum) on the same tiles.
 
 Usage (repo root, after lce_real_inputs.py):
     .venv/bin/python benchmarks/lce_filter_stats.py .gpu_lce/gemma3-270m .gpu_lce/smollm2-135m \
@@ -22,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -31,99 +26,107 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.lce_real_inputs import load  # noqa: E402
+from kernels import filter as lce_filter  # noqa: E402
 from kernels import backward, forward  # noqa: E402
 
 CCE_EPS = 2.0**-12
-OTHER_BUDGETS = (2.0**-6, 2.0**-4)
+BUDGETS = (2.0**-10, lce_filter.FILTER_MASS["loose"], 2.0**-6)
 
 
-def _loose_skip(exact_skip: torch.Tensor, tile_mass: torch.Tensor, total: float) -> torch.Tensor:
-    """(T,) bool: exact's skips, then the tiles of smallest mass while their sum <= total - FILTER_MASS."""
-    mass = torch.where(exact_skip, 0.0, tile_mass)
-    order = mass.argsort()
-    skip = torch.zeros_like(exact_skip)
-    skip[order] = mass[order].cumsum(0) <= total - backward.FILTER_MASS
-    return skip
+def tile_statistics(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per token: LSE, entropy, top probability; per (tile, token): the log-sum-exp of the tile's non-target
+    logits (sorted vocabulary, padded to whole row blocks with -inf) and the tile's largest non-target logit."""
+    e, c = hidden.float(), weight.float()
+    order = (c @ e.mean(dim=0)).argsort(descending=True)
+    c, y = c[order], order.argsort()[targets.clamp_min(0)]
+    bn, bv = forward.TILES.block_n, forward.TILES.block_v
+    n, vocab = e.shape[0], c.shape[0]
+    tiles, padded = -(-vocab // bv), -(-n // bn) * bn
+    tile_lse = torch.full((tiles, padded), float("-inf"))
+    tile_max = torch.full((tiles, padded), float("-inf"))
+    lse, entropy, top = torch.empty(n), torch.empty(n), torch.empty(n)
+    for r0 in range(0, n, bn):
+        z = e[r0 : r0 + bn] @ c.T
+        rows = slice(r0, r0 + z.shape[0])
+        lse[rows] = z.logsumexp(dim=1)
+        p = z.softmax(dim=1)
+        entropy[rows], top[rows] = lse[rows] - (p * z).sum(dim=1), p.amax(dim=1)
+        z = z.scatter(1, y[rows, None], float("-inf"))
+        zt = torch.nn.functional.pad(z, (0, tiles * bv - vocab), value=float("-inf")).view(z.shape[0], tiles, bv)
+        tile_lse[:, rows], tile_max[:, rows] = zt.logsumexp(dim=2).T, zt.amax(dim=2).T
+        print(f"rows {r0 + z.shape[0]} of {n}", end="\r", flush=True)
+    return {"lse": lse, "entropy": entropy, "top": top, "tile_lse": tile_lse, "tile_max": tile_max}
 
 
-def block_rules(z: torch.Tensor, targets: torch.Tensor, vocab: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Skip masks (T,) per rule for one row block of float32 logits z (R, V) and the true non-target mass of
-    each (row, tile) (R, T), float64."""
-    bv = forward.TILES.block_v
-    rows = z.shape[0]
-    lse = z.logsumexp(dim=1)
-    z = z.scatter(1, targets[:, None], float("-inf"))
-    zt = torch.nn.functional.pad(z, (0, (-vocab) % bv), value=float("-inf")).view(rows, -1, bv)
-    row_max = zt.amax(dim=2)  # (R, T)
-    mass = (zt.logsumexp(dim=2) - lse[:, None]).double().exp()
-    exact = (row_max.amax(dim=0) - lse.min()).double() < math.log(backward.FILTER_MASS / vocab)
-    tile_mass = mass.amax(dim=0)
-    return {
-        "exact": exact,
-        "loose": _loose_skip(exact, tile_mass, backward.LOOSE_MASS),
-        **{f"loose@2^{int(math.log2(m))}": _loose_skip(exact, tile_mass, m) for m in OTHER_BUDGETS},
-        "cce": (row_max - lse[:, None]).amax(dim=0) < math.log(CCE_EPS),
-    }, mass
+def _dropped(stats: dict[str, torch.Tensor], kept_per_token: torch.Tensor) -> torch.Tensor:
+    """Probability mass per token in the tiles at or after its kept count."""
+    mass = (stats["tile_lse"][:, : kept_per_token.numel()] - stats["lse"]).double().exp()
+    beyond = torch.arange(mass.shape[0])[:, None] >= kept_per_token[None, :]
+    return torch.where(beyond, mass, 0.0).sum(dim=0)
 
 
 def measure(folder: str, n_limit: int | None) -> dict:
     hidden, weight, targets, facts = load(folder)
     if n_limit:
         hidden, targets = hidden[:n_limit], targets[:n_limit]
-    e, c = hidden.float(), weight.float()
-    vocab = c.shape[0]
-    orders = {"natural": None, "sorted": (c @ e.mean(dim=0)).argsort(descending=True)}
-    skipped: dict[tuple[str, str], list[torch.Tensor]] = {}
-    dropped: dict[tuple[str, str], list[torch.Tensor]] = {}
-    entropy, top_prob = [], []
-    bn = forward.TILES.block_n
-    for r0 in range(0, e.shape[0], bn):
-        z = e[r0:r0 + bn] @ c.T
-        y = targets[r0:r0 + bn]
-        p = z.softmax(dim=1)
-        entropy.append(z.logsumexp(dim=1) - (p * z).sum(dim=1))
-        top_prob.append(p.amax(dim=1))
-        del p
-        for name, perm in orders.items():
-            zo, yo = (z, y) if perm is None else (z[:, perm], perm.argsort()[y])
-            rules, mass = block_rules(zo, yo, vocab)
-            for rule, skip in rules.items():
-                skipped.setdefault((name, rule), []).append(skip)
-                dropped.setdefault((name, rule), []).append((mass * skip[None, :]).sum(dim=1))
-        print(f"{facts['family']}: rows {r0 + bn} of {e.shape[0]}", end="\r", flush=True)
-    ent, top = torch.cat(entropy), torch.cat(top_prob)
-    rows = []
-    for (order, rule), masks in skipped.items():
-        d = torch.cat(dropped[(order, rule)])
-        rows.append({
-            "order": order, "rule": rule, "tiles skipped": torch.cat(masks).double().mean().item(),
-            "dropped mean": d.mean().item(), "dropped p99": d.quantile(0.99).item(), "dropped max": d.max().item(),
-        })
+    stats = tile_statistics(hidden, weight, targets)
+    n, bn = targets.numel(), forward.TILES.block_n
+    tiles, padded = stats["tile_lse"].shape
+    valid = targets != -100
+    rows_out = []
+    for budget in BUDGETS:
+        for order in ("sorted tokens", "natural tokens"):
+            if order == "sorted tokens":
+                rows, kept = lce_filter.plan(stats["tile_lse"].clone(), stats["lse"], valid, bn, budget)
+            else:  # the same rule on blocks of consecutive tokens
+                rows = torch.arange(padded)
+                m = (stats["tile_lse"] - torch.nn.functional.pad(stats["lse"], (0, padded - n), value=0.0)).exp()
+                m = m * torch.nn.functional.pad(valid, (0, padded - n), value=False)
+                block_mass = m.view(tiles, -1, bn).amax(dim=2).double()
+                kept = (block_mass.flip(0).cumsum(dim=0).flip(0) > budget).sum(dim=0)
+            per_token = lce_filter.kept_per_token(rows, kept, n, bn)
+            sorted_kept = kept.sort().values.tolist()
+            work = sum((padded // bn - b) * (t1 - t0)
+                       for b, t0, t1 in lce_filter.staircase(sorted_kept, backward.TILES.chunk_vocab // 256))
+            d = _dropped(stats, per_token)[valid]
+            rows_out.append({
+                "rule": f"loose rule at 2^{int(torch.log2(torch.tensor(budget)))}", "tokens": order,
+                "tiles computed": lce_filter.kept_share(kept, tiles), "rectangle work": work / (tiles * padded / bn),
+                "dropped mean": d.mean().item(), "dropped p99": d.quantile(0.99).item(), "dropped max": d.max().item(),
+            })
+    skip = (stats["tile_max"] - torch.nn.functional.pad(stats["lse"], (0, padded - n), value=float("inf")))
+    cce_skip = (skip.view(tiles, -1, bn).amax(dim=2) < torch.log(torch.tensor(CCE_EPS)))  # (tiles, blocks)
+    cce_kept = ~cce_skip.T.repeat_interleave(bn, dim=0)[:n]  # (tokens, tiles)
+    mass = (stats["tile_lse"][:, :n] - stats["lse"]).double().exp().T
+    d = torch.where(cce_kept, 0.0, mass).sum(dim=1)[valid]
+    rows_out.append({"rule": "CCE (every p < 2^-12)", "tokens": "natural tokens",
+                     "tiles computed": 1.0 - cce_skip.double().mean().item(), "rectangle work": None,
+                     "dropped mean": d.mean().item(), "dropped p99": d.quantile(0.99).item(), "dropped max": d.max().item()})
     return {
-        "family": facts["family"], "n": e.shape[0], "vocab": vocab, "dim": c.shape[1],
-        "mean entropy": ent.mean().item(), "median top prob": top.median().item(),
-        "tiles": {"block_n": bn, "block_v": forward.TILES.block_v},
-        "budgets": {"exact": backward.FILTER_MASS, "loose": backward.LOOSE_MASS, "cce eps": CCE_EPS},
-        "facts": facts, "rows": rows,
+        "family": facts["family"], "n": n, "vocab": weight.shape[0], "dim": weight.shape[1],
+        "mean entropy": stats["entropy"].mean().item(), "median top prob": stats["top"].median().item(),
+        "tiles": {"block_n": bn, "block_v": forward.TILES.block_v}, "vocabulary": "sorted by mean logit",
+        "facts": facts, "rows": rows_out,
     }
 
 
 def print_table(result: dict) -> None:
     print(f"\n{result['family']}: N {result['n']}, V {result['vocab']}, D {result['dim']}, mean entropy "
           f"{result['mean entropy']:.2f} nats, median top prob {result['median top prob']:.2f}")
-    print("| vocabulary | rule | tiles skipped | dropped mass / token: mean | p99 | max |")
-    print("|---|---|---|---|---|---|")
+    print("| rule | tokens | tiles computed | rectangle work | dropped mass / token: mean | p99 | max |")
+    print("|---|---|---|---|---|---|---|")
     for r in result["rows"]:
-        print(f"| {r['order']} | {r['rule']} | {100 * r['tiles skipped']:.1f}% | {r['dropped mean']:.2e} | "
+        work = "-" if r["rectangle work"] is None else f"{100 * r['rectangle work']:.1f}%"
+        print(f"| {r['rule']} | {r['tokens']} | {100 * r['tiles computed']:.1f}% | {work} | {r['dropped mean']:.2e} | "
               f"{r['dropped p99']:.2e} | {r['dropped max']:.2e} |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folders", nargs="+", help="folders written by lce_real_inputs.py")
     p.add_argument("--n", type=int, help="first N tokens only")
     p.add_argument("--out", help="JSON file to write")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     results = []
     with torch.no_grad():
         for folder in args.folders:

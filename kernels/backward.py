@@ -2,7 +2,7 @@
 
 With g_i the upstream gradient, dloss_i/dz_iv = p_iv - (1 - beta)[v = y_i] - beta / V, split into
 1. softmax part g_i p_iv (v != y_i): recomputed per (row block, vocabulary tile) into a chunk of dZ, then
-   dC += dZ^T E and dE += dZ C by cuBLAS (dE accumulated in float32). With a gradient filter (kernels/filter.py)
+   dC += dZ^T E and dE += dZ C by cuBLAS (dE accumulated in float32). With filter="loose" (kernels/filter.py)
    the rows are taken in the forward's row order and the vocabulary in its sorted order, and block b keeps
    tiles [0, K_b), K_b ascending: a vocabulary chunk is kept by a contiguous run of trailing rows only, so the
    chunk's GEMMs run over exactly those rows (the few skipped tiles inside them written as zeros, not

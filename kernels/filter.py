@@ -1,9 +1,10 @@
-"""The backward's gradient filter: which (row block, vocabulary tile) products of the softmax part it may skip.
+"""The backward's gradient filter (filter="loose"): which (row block, vocabulary tile) products of the softmax
+part it may skip. filter="exact", the default, computes every tile.
 
-The forward walks the vocabulary sorted by mean logit over the batch (C @ mean_i E_i, descending: likely tokens
-first) in tiles of BLOCK_V positions and stores, per token i and tile t, the log-sum-exp of the tile's non-target
-logits; with LSE_i that is m_it = the tile's share of token i's probability mass. With a budget B
-(`FILTER_MASS[filter]`):
+With a filter, the forward walks the vocabulary sorted by mean logit over the batch (C @ mean_i E_i, descending:
+likely tokens first) in tiles of BLOCK_V positions and stores, per token i and tile t, the log-sum-exp of the
+tile's non-target logits; with LSE_i that is m_it = the tile's share of token i's probability mass. With the
+budget B (`FILTER_MASS[filter]`):
 1. Tokens are sorted by their cutoff k_i, the fewest leading tiles outside which their mass is at most B
    (ignored tokens have none: k_i = 0), and cut into blocks of BLOCK_N rows in that order, so that tokens whose
    mass reaches equally far into the vocabulary share a block.
@@ -11,12 +12,10 @@ logits; with LSE_i that is m_it = the tile's share of token i's probability mass
    M_bt = max over the block's tokens of m_it (summed in float64). Every token of the block therefore drops at
    most B of probability mass: |change of dE_i| <= B g_i max|C| and sum_v |change of dC_v| <= B sum_i g_i max|E|.
 3. Blocks are ordered by K_b ascending, so the kept tiles form a staircase: the tokens that keep a vocabulary
-   chunk are a contiguous run of trailing rows, and the backward's GEMMs run dense (cuBLAS) over exactly them.
-The loss, the target column and the label-smoothing term -beta / V are never filtered.
-
-"exact" spends 2^-10 per token on 16-bit inputs (under half a bf16 ulp of the gradient's scale g_i max|C|) and
-nothing on float32 ones (no budget below float32's rounding would skip a tile), "loose" 2^-8 (one bf16 ulp);
-"none" filters nothing (no sort, no per-token statistics).
+   chunk are a contiguous run of trailing rows, and the backward's GEMMs run dense (cuBLAS) over rectangles of
+   exactly them (`staircase`).
+The loss, the target column and the label-smoothing term -beta / V are never filtered. "loose" spends
+B = 2^-8 per token (one bf16 ulp of the gradient's scale g_i max|C|).
 """
 
 from __future__ import annotations
@@ -25,15 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-FILTER_MASS = {"exact": 2.0**-10, "loose": 2.0**-8}  # for 16-bit inputs
-FILTERS = ("exact", "loose", "none")
-
-
-def budget(filter: str, dtype: torch.dtype) -> float:
-    """Probability mass per token the filter may drop for inputs of that dtype (0: it filters nothing)."""
-    if filter == "none" or (filter == "exact" and dtype == torch.float32):
-        return 0.0
-    return FILTER_MASS[filter]
+FILTERS = ("exact", "loose")
+FILTER_MASS = {"exact": 0.0, "loose": 2.0**-8}  # probability mass per token each filter may drop
 
 
 def plan(tile_lse: torch.Tensor, lse: torch.Tensor, valid: torch.Tensor, block_n: int, mass: float,

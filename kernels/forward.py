@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
-from kernels.filter import budget
+from kernels.filter import FILTER_MASS
 from kernels.filter import plan as filter_plan
 
 
@@ -156,8 +156,8 @@ def triton_forward(
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, vocabulary
-    order, row order, kept tiles)). With a filter that drops something (kernels.filter.budget > 0; not softcap
-    with beta > 0, which must stay dense) the vocabulary is walked in the order of descending mean logit over the batch (C @ mean_i E_i), and
+    order, row order, kept tiles)). With filter="loose" (kernels/filter.py; not with softcap and beta > 0, which
+    must stay dense) the vocabulary is walked in the order of descending mean logit over the batch (C @ mean_i E_i), and
     kernels/filter.py turns the per-row tile statistics into the backward's row order and kept tiles; otherwise
     the three are empty: natural order, everything kept."""
     n, d = hidden.shape
@@ -169,7 +169,7 @@ def triton_forward(
     )
     t = TILES
     row_blocks, vocab_tiles = triton.cdiv(n, t.block_n), triton.cdiv(vocab, t.block_v)
-    mass = budget(filter, hidden.dtype)
+    mass = FILTER_MASS[filter]
     filtering = mass > 0.0 and not (softcap is not None and label_smoothing > 0.0) and n > 0
     order = torch.empty(0, dtype=torch.int64, device=dev)
     if filtering:

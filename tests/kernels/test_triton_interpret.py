@@ -77,13 +77,13 @@ def test_matches_reference(dtype: torch.dtype, beta: float, reduction: str) -> N
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
-def test_no_filter_is_dense_and_plans_nothing() -> None:
-    """filter="none": no sorted vocabulary, no row order, every tile computed (cuBLAS on whole chunks)."""
+def test_exact_is_dense_and_plans_nothing() -> None:
+    """filter="exact": no sorted vocabulary, no row order, every tile computed (cuBLAS on whole chunks)."""
     hidden, weight, targets = make_case(N, V, D, torch.bfloat16, ignore_frac=0.2, seed=4)
-    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, "none")
+    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, "exact")
     assert order.numel() == rows.numel() == kept.numel() == 0
     kw = dict(label_smoothing=0.1)
-    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="none", **kw)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="exact", **kw)
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), torch.bfloat16)
 
 
@@ -98,8 +98,8 @@ def test_softcap(dtype: torch.dtype, beta: float) -> None:
 
 def _mixed_case(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Peaked rows (CCE's trick: nearly all mass on the target), 128 flat rows (mass spread over the whole
-    vocabulary) and 44 rows between the two budgets: their non-target mass is above 2^-10 and below 2^-8, so only
-    filter="loose" drops all of it."""
+    vocabulary) and 44 rows between 2^-10 and 2^-8 of non-target mass: a budget of 2^-8 drops all of it, one of
+    2^-10 not."""
     hidden, weight, targets = make_case(N, V, 256, dtype, peaked=True, ignore_frac=0.1, seed=5)
     hidden[128:256] *= 0.05
     hidden[256:] *= 0.42
@@ -119,10 +119,10 @@ def _block_masses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     return mass.view(-1, bn, mass.shape[1]).amax(dim=1)
 
 
-@pytest.mark.parametrize(("filter_name", "beta", "dz_block_v"),
-                         [("exact", 0.0, 256), ("exact", 0.1, 128), ("loose", 0.0, 256), ("loose", 0.1, 256)])
+@pytest.mark.parametrize(("budget", "beta", "dz_block_v"),
+                         [(2.0**-8, 0.0, 256), (2.0**-8, 0.1, 128), (2.0**-10, 0.0, 256), (2.0**-10, 0.1, 256)])
 def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
-    filter_name: str, beta: float, dz_block_v: int, monkeypatch: pytest.MonkeyPatch,
+    budget: float, beta: float, dz_block_v: int, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The plan (kernels/filter.py) against float64 tile masses: blocks ascending by kept tiles K_b, the dropped
     tiles' block masses summing to at most the budget and K_b the fewest that allow it; the rows a permutation.
@@ -130,14 +130,14 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     and label-smoothing parts kept), at most the budget dropped per token, within the filter's tolerance of the
     plain truth. Small chunks: several row and vocabulary chunks, later chunks kept by trailing blocks only; the
     forward reads the sorted head in three gathered spans of one tile (GATHER_BYTES), by TMA; dZ tiles half a
-    filter tile wide (dz_block_v 128)."""
+    filter tile wide (dz_block_v 128); budgets of filter="loose" (2^-8) and of a tighter one."""
     monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=128 * 512, chunk_vocab=512,
                                                                   dz_block_v=dz_block_v))
     monkeypatch.setattr(forward, "GATHER_BYTES", 1)
     assert forward.position_spans(V, 256 * 2, 256, permuted=True) == [(0, 256), (256, 512), (512, V)]
-    budget = lce_filter.FILTER_MASS[filter_name]
+    monkeypatch.setitem(lce_filter.FILTER_MASS, "loose", budget)
     hidden, weight, targets = _mixed_case(torch.bfloat16)
-    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, beta, -100, None, filter_name)
+    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, beta, -100, None, "loose")
     mean_logit = weight.double() @ hidden.double().mean(dim=0)
     assert (mean_logit[order].diff() <= 2.0**-7 * mean_logit.abs().max()).all()  # descending, up to bf16 rounding
     assert torch.equal(rows.sort().values, torch.arange(384)) and (kept.diff() >= 0).all()
@@ -151,7 +151,7 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     assert kept[0] == 0 and kept[-1] == tiles  # peaked blocks drop everything, the flat one keeps everything
 
     kw = dict(label_smoothing=beta)
-    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=filter_name, **kw)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="loose", **kw)
     per_token = lce_filter.kept_per_token(rows, kept, N, forward.TILES.block_n)
     *filtered, dropped = filtered_truth(hidden, weight, targets, per_token, forward.TILES.block_v, beta, order)
     assert dropped.max().item() <= budget
@@ -161,15 +161,16 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     assert_accurate(ours, truth, own, torch.bfloat16, slack=filter_slack(hidden, weight, targets, budget))
 
 
-def test_loose_drops_more_than_exact() -> None:
-    """The rows between the two budgets: "loose" drops all of their softmax part, "exact" keeps some of it."""
+def test_a_larger_budget_drops_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows between 2^-10 and 2^-8 of mass: a budget of 2^-8 drops all of their softmax part, 2^-10 not."""
     hidden, weight, targets = _mixed_case(torch.bfloat16)
-    shares = {}
-    for name in ("exact", "loose"):
-        *_, (_, _, _, _, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.0, -100, None, name)
+    kept_tiles = {}
+    for budget in (2.0**-10, 2.0**-8):
+        monkeypatch.setitem(lce_filter.FILTER_MASS, "loose", budget)
+        *_, (_, _, _, _, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.0, -100, None, "loose")
         per_token = lce_filter.kept_per_token(rows, kept, N, forward.TILES.block_n)
-        shares[name] = per_token[256:][targets[256:] != -100]
-    assert (shares["loose"] == 0).all() and (shares["exact"] > 0).any()
+        kept_tiles[budget] = per_token[256:][targets[256:] != -100]
+    assert (kept_tiles[2.0**-8] == 0).all() and (kept_tiles[2.0**-10] > 0).any()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -41,7 +41,7 @@ def test_default_config_is_the_four_trial_grid():
     ({"search": {"method": "optuna", "objectives": {"mmlu_ecee": "min"}}},
      "search.objectives: 'mmlu_ecee' is no metric a trial reports (did you mean 'mmlu_ece'?)"),
     ({"train": {"zero_stage": 4}}, "config.train.zero_stage: expected 0, 1, 2 or 3, got 4"),
-    ({"train": {"loss_filter": "fast"}}, "config.train.loss_filter: expected one of ['exact', 'loose', 'none'], got 'fast'"),
+    ({"train": {"loss_filter": "fast"}}, "config.train.loss_filter: expected one of ['exact', 'loose'], got 'fast'"),
     ({"eval": {"tasks": ["squad"]}}, "got ['squad']"),
     ({"train": {"micro_batch_size": "eight"}}, "config.train.micro_batch_size: expected int, got 'eight'"),
     ({"train": {"micro_batch_size": 2.5}}, "config.train.micro_batch_size: expected int, got 2.5"),
