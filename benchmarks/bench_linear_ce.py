@@ -38,7 +38,7 @@ Real inputs on the GPU machine (its image lacks gguf, Liger and CCE; a call carr
 `pip download --no-deps -d .gpu_lce/whl liger-kernel==0.8.5 cut-cross-entropy==25.1.1 gguf==0.19.0` the
 wheels. Gemma's head is 178 MB (Q8_0, three parts): three staging calls back to back on the warm machine, each
 carrying one .gpu_lce/gemma3-270m/head.0K and running `mkdir -p ~/lce && cp -r .gpu_lce/. ~/lce/`, then one
-call carrying .gpu_lce/gemma3-270m/inputs.pt, .gpu_lce/smollm2-135m and .gpu_lce/whl (51 MB) that runs
+call carrying .gpu_lce/gemma3-270m/inputs.pt, .gpu_lce/smollm2-135m and .gpu_lce/whl (1 MB) that runs
     mkdir -p ~/lce && cp -r .gpu_lce/. ~/lce/ && python3 -m pip install -q --no-index --no-deps --target /tmp/site
     .gpu_lce/whl/*.whl && PYTHONPATH=/tmp/site:$PYTHONPATH timeout 470 python3 benchmarks/bench_linear_ce.py
     --inputs real random --real ~/lce/gemma3-270m ~/lce/smollm2-135m --out $OUT/bench_linear_ce.json
