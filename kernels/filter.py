@@ -64,9 +64,9 @@ def kept_per_token(rows: torch.Tensor, kept: torch.Tensor, n: int, block_n: int)
 
 
 def staircase(kept: Sequence[int], min_tiles: int) -> list[tuple[int, int, int]]:
-    """Dense rectangles (first block, first tile, end tile) covering the tiles kept by blocks whose kept tiles
-    K_b ascend: rectangle (b, t0, t1) holds every row from block b on and tiles [t0, t1), all of which the
-    blocks from b on keep. A rectangle narrower than min_tiles takes in the next one's tiles too (its first
+    """Dense rectangles (first block, first tile, end tile) covering, without overlap, the tiles kept by blocks
+    whose kept tiles K_b ascend: rectangle (b, t0, t1) holds every row from block b on and tiles [t0, t1), and
+    block b keeps tile t0. A rectangle narrower than min_tiles takes in the next one's tiles too (its first
     blocks keep fewer of them: those are computed as zeros), so that few rectangles are narrow."""
     out: list[list[int]] = []
     done = 0
