@@ -251,7 +251,8 @@ def measure_interleaved(
                     out[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
                     del times[name]
         for name, ts in times.items():
-            out[name].update({f"{kind} ms": statistics.median(ts), f"{kind} ms min": min(ts), f"{kind} ms max": max(ts)})
+            out[name].update({f"{kind} ms": statistics.median(ts), f"{kind} ms min": min(ts),
+                              f"{kind} ms max": max(ts)})
     return out
 
 
@@ -270,8 +271,8 @@ def filter_changes(inputs: tuple[torch.Tensor, ...], beta: float) -> dict[str, f
         linear_cross_entropy(hidden, weight, inputs[2], label_smoothing=beta, filter=f).backward()
         grads[f] = (hidden.grad.float(), weight.grad.float())
     return {
-        f"rel. diff {name}": ((grads["loose"][k] - grads["exact"][k]).abs().max() / grads["exact"][k].abs().max()).item()
-        for k, name in enumerate(("dE", "dC"))
+        f"rel. diff {name}": ((loose - exact).abs().max() / exact.abs().max()).item()
+        for name, loose, exact in zip(("dE", "dC"), grads["loose"], grads["exact"])
     }
 
 
@@ -379,29 +380,20 @@ def run_tiles(args: argparse.Namespace) -> list[dict]:
 
 def run_profile(args: argparse.Namespace) -> None:
     """CUDA time per kernel of one method's forward + backward (--only, default ours exact; beta 0.1) on each
-    --inputs, after a warm-up; then host and device time of its forward alone."""
+    --inputs, after a warm-up; then host and device time per op of the same steps."""
     name = args.only[0] if args.only else "ours exact"
     for label, _, inputs in make_all_inputs(args):
         print(f"## {name}, {label}, beta 0.1")
-        hidden, weight, targets = (t.detach() for t in inputs)
-        hidden.requires_grad_(True)
-        weight.requires_grad_(True)
-        step = methods(0.1, args.device, args.baseline)[name]
+        step = _steps(methods(0.1, args.device, args.baseline)[name], inputs)["fwd+bwd"]
         for _ in range(args.warmup):
-            step(hidden, weight, targets).backward()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                hidden.grad = weight.grad = None
-                step(hidden, weight, targets).backward()
-            torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
-        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=acts) as prof:  # the whole step: where its host time goes
-            for _ in range(3):
-                hidden.grad = weight.grad = None
-                step(hidden, weight, targets).backward()
-            torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+            step()
+        cpu, cuda = torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA
+        for acts, sort_by in (([cuda], "cuda_time_total"), ([cpu, cuda], "cpu_time_total")):
+            with torch.profiler.profile(activities=acts) as prof:
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by=sort_by, row_limit=25, max_name_column_width=60))
 
 
 def write(path: str | None, rows: list[dict], args: argparse.Namespace) -> None:

@@ -80,10 +80,8 @@ def measure(folder: str, n_limit: int | None) -> dict:
                 rows, kept = lce_filter.plan(stats["tile_lse"].clone(), stats["lse"], valid, bn, budget)
             else:  # the same rule on blocks of consecutive tokens
                 rows = torch.arange(padded)
-                m = (stats["tile_lse"] - torch.nn.functional.pad(stats["lse"], (0, padded - n), value=0.0)).exp()
-                m = m * torch.nn.functional.pad(valid, (0, padded - n), value=False)
-                block_mass = m.view(tiles, -1, bn).amax(dim=2).double()
-                kept = (block_mass.flip(0).cumsum(dim=0).flip(0) > budget).sum(dim=0)
+                m = lce_filter.token_tile_mass(stats["tile_lse"].clone(), stats["lse"], valid)
+                kept = lce_filter.kept_tiles(m.view(tiles, -1, bn).amax(dim=2), budget)
             per_token = lce_filter.kept_per_token(rows, kept, n, bn)
             sorted_kept = kept.sort().values.tolist()
             work = sum((padded // bn - b) * (t1 - t0)
@@ -101,7 +99,8 @@ def measure(folder: str, n_limit: int | None) -> dict:
     d = torch.where(cce_kept, 0.0, mass).sum(dim=1)[valid]
     rows_out.append({"rule": "CCE (every p < 2^-12)", "tokens": "natural tokens",
                      "tiles computed": 1.0 - cce_skip.double().mean().item(), "rectangle work": None,
-                     "dropped mean": d.mean().item(), "dropped p99": d.quantile(0.99).item(), "dropped max": d.max().item()})
+                     "dropped mean": d.mean().item(), "dropped p99": d.quantile(0.99).item(),
+                     "dropped max": d.max().item()})
     return {
         "family": facts["family"], "n": n, "vocab": weight.shape[0], "dim": weight.shape[1],
         "mean entropy": stats["entropy"].mean().item(), "median top prob": stats["top"].median().item(),

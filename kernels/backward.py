@@ -35,6 +35,7 @@ from kernels._host import AsyncHostCopy
 from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
 from kernels.filter import staircase
 
+
 @dataclass(frozen=True)
 class BackwardTiles:
     extra_bytes: int = 104 << 20  # dZ chunk + float32 dE accumulator: 84 MiB at D = 640, 104 MiB at D = 2304
@@ -399,9 +400,9 @@ def _staircase_part(
             ids = order[c0 : c0 + vc]
             head = torch.index_select(weight, 0, ids, out=head_buf[:vc])
             part = torch.index_select(d_weight, 0, ids, out=part_buf[:vc]) if d_weight is not None else None
+            stride = triton.cdiv(vc, ft.block_v) * ft.block_v  # the kernel writes whole tiles
             for r0 in range(r_begin, n_rows, rows_per_piece):
                 nr = min(rows_per_piece, n_rows - r0)
-                stride = triton.cdiv(vc, ft.block_v) * ft.block_v  # the kernel writes whole tiles
                 dz = dz_flat[: nr * stride].view(nr, stride)[:, :vc]
                 recompute(dz, r0, nr, c0, vc, c0)
                 if part is not None:  # part holds u and earlier row pieces: one rounding per piece

@@ -28,24 +28,35 @@ FILTERS = ("exact", "loose")
 FILTER_MASS = {"exact": 0.0, "loose": 2.0**-8}  # probability mass per token each filter may drop
 
 
+def token_tile_mass(tile_lse: torch.Tensor, lse: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """m_it = exp(tile LSE - LSE_i), (tiles, padded rows) float32, computed in place in tile_lse; 0 for ignored
+    tokens and padding rows (columns n and beyond)."""
+    padded, n = tile_lse.shape[1], lse.numel()
+    pad = torch.nn.functional.pad
+    m = tile_lse.sub_(pad(lse, (0, padded - n), value=float("inf")))
+    return m.masked_fill_(~pad(valid, (0, padded - n), value=False), float("-inf")).exp_()
+
+
+def kept_tiles(block_mass: torch.Tensor, mass: float) -> torch.Tensor:
+    """K_b, (blocks,) int64: the fewest leading tiles outside which the block masses (tiles, blocks) sum to at most
+    `mass` (summed in float64)."""
+    suffix = block_mass.double().flip(0).cumsum(dim=0).flip(0)  # sum over tiles >= t, nonincreasing in t
+    return (suffix > mass).sum(dim=0)
+
+
 def plan(tile_lse: torch.Tensor, lse: torch.Tensor, valid: torch.Tensor, block_n: int, mass: float,
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(row order, kept tiles) of the rule above. tile_lse: (tiles, padded rows) float32, the log-sum-exp of each
     tile's non-target logits per token (overwritten); lse, valid: (n,) per token. Returns the token at each
     position of the backward's row order, (padded rows,) int64 (positions n and beyond: padding, index >= n), and
     K_b, (padded rows / block_n,) int64 ascending: block b (positions b * block_n ...) keeps tiles [0, K_b)."""
-    tiles, padded = tile_lse.shape
-    n = lse.numel()
-    pad = torch.nn.functional.pad
-    m = tile_lse.sub_(pad(lse, (0, padded - n), value=float("inf")))
-    m.masked_fill_(~pad(valid, (0, padded - n), value=False), float("-inf")).exp_()  # m_it, float32
+    tiles = tile_lse.shape[0]
+    m = token_tile_mass(tile_lse, lse, valid)
     before = m.cumsum(dim=0).sub_(m)  # mass in tiles < t
     cutoff = (before < (before[-1] + m[-1] - mass)).sum(dim=0)  # tiles t whose suffix mass exceeds the budget
     del before
     rows = torch.argsort(cutoff, stable=True)
-    block_mass = m.index_select(1, rows).view(tiles, -1, block_n).amax(dim=2).double()  # (tiles, blocks)
-    suffix = block_mass.flip(0).cumsum(dim=0).flip(0)  # sum over tiles >= t, nonincreasing in t
-    kept = (suffix > mass).sum(dim=0)
+    kept = kept_tiles(m.index_select(1, rows).view(tiles, -1, block_n).amax(dim=2), mass)
     blocks = torch.argsort(kept, stable=True)
     return rows.view(-1, block_n)[blocks].reshape(-1), kept[blocks]
 

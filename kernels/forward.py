@@ -156,8 +156,8 @@ def triton_forward(
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, vocabulary
-    order, row order, kept tiles)). With filter="loose" (kernels/filter.py; not with softcap and beta > 0, which
-    must stay dense) the vocabulary is walked in the order of descending mean logit over the batch (C @ mean_i E_i), and
+    order, row order, kept tiles)). With filter="loose" (not with softcap and beta > 0, which must stay dense) the
+    vocabulary is walked in the order of descending mean logit over the batch (C @ mean_i E_i), and
     kernels/filter.py turns the per-row tile statistics into the backward's row order and kept tiles; otherwise
     the three are empty: natural order, everything kept."""
     n, d = hidden.shape

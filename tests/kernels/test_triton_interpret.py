@@ -187,7 +187,8 @@ def test_softcap_with_beta_stays_dense_under_every_filter() -> None:
     """With softcap and beta > 0 the uniform part lives inside every tile: no filter drops anything."""
     hidden, weight, targets = make_case(64, 300, 40, torch.float32, seed=3)
     kw = dict(label_smoothing=0.1, softcap=4.0)
-    results = [loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=f, **kw) for f in lce_filter.FILTERS]
+    results = [loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=f, **kw)
+               for f in lce_filter.FILTERS]
     assert all(torch.equal(a, b) for other in results[1:] for a, b in zip(results[0], other))
 
 
