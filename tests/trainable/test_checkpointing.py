@@ -110,6 +110,7 @@ def keep(metrics, directory):
 run_trial(TrialConfig.from_dict(config), torch.device("cpu"), rank, 2, reports.append, keep,
           Path(resume) if resume else None, writers=store.trial_writers())
 (out / f"reports{rank}.json").write_text(json.dumps(reports))
+dist.destroy_process_group()  # left to interpreter exit, gloo's threads can abort the process (std::terminate)
 """
 
 
