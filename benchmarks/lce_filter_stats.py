@@ -3,8 +3,8 @@
 For inputs written by benchmarks/lce_real_inputs.py (CPU, float32 logits of the bf16 inputs, as the kernel
 computes them), the per-token log-sum-exp of each 256-wide tile of the vocabulary sorted by mean logit (what the
 forward stores with filter="loose"), then kernels.filter.plan itself at several budgets: the share of
-(128-row block x tile) products the backward computes, the work of the dense rectangles it runs them in
-(kernels.filter.staircase), and the probability mass actually dropped per token (mean, 99th percentile, max).
+(128-row block x tile) products the backward computes, the work of the dense pieces it runs them in and their
+number (kernels.filter.pieces at the backward's buffer sizes), and the probability mass actually dropped per token (mean, 99th percentile, max).
 Rows: the budget of filter="loose" (2^-8) and others, with the tokens in the plan's order and, for comparison,
 in their natural order (blocks of consecutive tokens: what sorting the tokens gains); and Cut Cross-Entropy's
 rule (skip a tile when every probability of its rows is < 2^-12, no bound on the sum) on the same tiles.
@@ -83,13 +83,14 @@ def measure(folder: str, n_limit: int | None) -> dict:
                 m = lce_filter.token_tile_mass(stats["tile_lse"].clone(), stats["lse"], valid)
                 kept = lce_filter.kept_tiles(m.view(tiles, -1, bn).amax(dim=2), budget)
             per_token = lce_filter.kept_per_token(rows, kept, n, bn)
-            sorted_kept = kept.sort().values.tolist()
-            work = sum((padded // bn - b) * (t1 - t0)
-                       for b, t0, t1 in lce_filter.staircase(sorted_kept, backward.TILES.chunk_vocab // 256))
+            budget_of_pieces = backward.piece_budget(padded, weight.shape[0], weight.shape[1], 2, True)
+            pieces = lce_filter.pieces(kept.sort().values.tolist(), bn, *budget_of_pieces, forward.TILES.block_v)
+            work = sum((r1 - r0) * (t1 - t0) for t0, t1, r0, r1 in pieces) / bn
             d = _dropped(stats, per_token)[valid]
             rows_out.append({
                 "rule": f"loose rule at 2^{int(torch.log2(torch.tensor(budget)))}", "tokens": order,
-                "tiles computed": lce_filter.kept_share(kept, tiles), "rectangle work": work / (tiles * padded / bn),
+                "tiles computed": lce_filter.kept_share(kept, tiles), "piece work": work / (tiles * padded / bn),
+                "pieces": len(pieces),
                 "dropped mean": d.mean().item(), "dropped p99": d.quantile(0.99).item(), "dropped max": d.max().item(),
             })
     skip = (stats["tile_max"] - torch.nn.functional.pad(stats["lse"], (0, padded - n), value=float("inf")))
@@ -98,7 +99,7 @@ def measure(folder: str, n_limit: int | None) -> dict:
     mass = (stats["tile_lse"][:, :n] - stats["lse"]).double().exp().T
     d = torch.where(cce_kept, 0.0, mass).sum(dim=1)[valid]
     rows_out.append({"rule": "CCE (every p < 2^-12)", "tokens": "natural tokens",
-                     "tiles computed": 1.0 - cce_skip.double().mean().item(), "rectangle work": None,
+                     "tiles computed": 1.0 - cce_skip.double().mean().item(), "piece work": None, "pieces": None,
                      "dropped mean": d.mean().item(), "dropped p99": d.quantile(0.99).item(),
                      "dropped max": d.max().item()})
     return {
@@ -112,12 +113,12 @@ def measure(folder: str, n_limit: int | None) -> dict:
 def print_table(result: dict) -> None:
     print(f"\n{result['family']}: N {result['n']}, V {result['vocab']}, D {result['dim']}, mean entropy "
           f"{result['mean entropy']:.2f} nats, median top prob {result['median top prob']:.2f}")
-    print("| rule | tokens | tiles computed | rectangle work | dropped mass / token: mean | p99 | max |")
-    print("|---|---|---|---|---|---|---|")
+    print("| rule | tokens | tiles computed | piece work | pieces | dropped mass / token: mean | p99 | max |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in result["rows"]:
-        work = "-" if r["rectangle work"] is None else f"{100 * r['rectangle work']:.1f}%"
-        print(f"| {r['rule']} | {r['tokens']} | {100 * r['tiles computed']:.1f}% | {work} | {r['dropped mean']:.2e} | "
-              f"{r['dropped p99']:.2e} | {r['dropped max']:.2e} |")
+        work = "-" if r["piece work"] is None else f"{100 * r['piece work']:.1f}%"
+        print(f"| {r['rule']} | {r['tokens']} | {100 * r['tiles computed']:.1f}% | {work} | {r['pieces'] or '-'} | "
+              f"{r['dropped mean']:.2e} | {r['dropped p99']:.2e} | {r['dropped max']:.2e} |")
 
 
 def main(argv: list[str] | None = None) -> None:

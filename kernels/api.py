@@ -122,11 +122,12 @@ def linear_cross_entropy(
     reduction "mean" averages over non-ignored tokens; when every token is ignored it returns 0 (torch returns
     nan) with zero gradients. The loss is float32 (float64 for float64 inputs) whatever the input dtype.
     With return_stats=True also returns LCEStats (detached).
-    filter picks the backward's gradient filter (Triton path; the CPU path is dense): "exact" computes every
-    logit tile; "loose" (kernels/filter.py) sorts the vocabulary by mean logit and the tokens by how far into it
-    their probability mass reaches, and each block of 128 tokens skips its trailing vocabulary tiles while their
-    mass sums to at most 2^-8 per token. The loss and the target and label-smoothing parts of the gradient are
-    never filtered. Without gradients the forward does no filter work.
+    filter picks the backward's gradient filter (Triton path; the CPU path is dense; kernels/filter.py): the
+    vocabulary is sorted by mean logit and the tokens by how far into it their probability mass reaches, and each
+    block of 128 tokens skips its trailing vocabulary tiles while their mass sums to at most B per token: "exact"
+    B = 2^-10 for 16-bit inputs (under their rounding; float32: every tile), "loose" B = 2^-8, "none" every tile.
+    The loss and the target and label-smoothing parts of the gradient are never filtered. Without gradients the
+    forward does no filter work.
     Bad input raises ValueError; on CUDA with gradients required, an out-of-range target raises in backward().
     """
     _validate(hidden, weight, targets, label_smoothing, ignore_index, reduction, softcap, filter)
@@ -142,7 +143,7 @@ def linear_cross_entropy(
     backward_check = check if hidden.is_cuda and wants_grad else None
     loss, lse, target_prob, max_prob = LinearCrossEntropyFunction.apply(
         flat_hidden, weight, flat_targets, backend, float(label_smoothing), int(ignore_index),
-        None if softcap is None else float(softcap), filter if wants_grad else "exact", backward_check,
+        None if softcap is None else float(softcap), filter if wants_grad else "none", backward_check,
     )
     if hidden.is_cuda:  # queued behind the forward kernels
         check.start()

@@ -23,6 +23,7 @@ target rows.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +34,7 @@ import triton.language as tl
 from kernels import forward
 from kernels._host import AsyncHostCopy
 from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
-from kernels.filter import staircase
+from kernels.filter import pieces as filter_pieces
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ TILES = BackwardTiles()
 # The staircase runs where the plan keeps at most this share of the tiles; above it the dense path (in the natural
 # orders: no gathers) costs less than what the filter would save.
 STAIRCASE_MAX_SHARE = 0.9
-# Bytes of each of the two buffers of gathered head rows and dC rows (sorted vocabulary) a filtered backward holds.
-GATHER_BUFFER_BYTES = 8 << 20
+# Bytes of the buffer of gathered head rows (then the piece's dC rows, sorted vocabulary) a filtered backward holds.
+GATHER_BUFFER_BYTES = 16 << 20
 
 
 @triton.jit
@@ -233,13 +234,15 @@ def triton_backward(
         if kept_host.mean() > STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v):  # little dropped
             rows, kept_host = rows[:0], None
     acc = torch.zeros((max(rows.numel(), n), d), dtype=torch.float32, device=dev) if need_hidden_grad else None
-    d_weight = None
+    d_weight = uniform_row = None
     if need_weight_grad and rank_one_uniform:
-        d_weight = (-(beta / vocab) * weighted_colsum(hidden, g)).to(weight.dtype).expand(vocab, d).contiguous()
+        uniform_row = (-(beta / vocab) * weighted_colsum(hidden, g)).to(weight.dtype)
+        d_weight = uniform_row.expand(vocab, d).contiguous()
     elif need_weight_grad:
         d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     if n > 0:
-        _softmax_part(hidden, weight, y, lse, g, gscale, order, rows, kept, kept_host, d_weight, acc, beta, softcap)
+        _softmax_part(hidden, weight, y, lse, g, gscale, order, rows, kept, kept_host, d_weight, uniform_row, acc,
+                      beta, softcap)
     d_hidden = None
     if acc is not None:
         cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
@@ -333,14 +336,16 @@ class _Recompute:
 def _softmax_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
     gscale: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor, kept_host: np.ndarray | None,
-    d_weight: torch.Tensor | None, acc: torch.Tensor | None, beta: float, softcap: float | None,
+    d_weight: torch.Tensor | None, uniform_row: torch.Tensor | None, acc: torch.Tensor | None, beta: float,
+    softcap: float | None,
 ) -> None:
-    """dC += (softmax part)^T E and acc += (softmax part) C (acc float32): with the filter's plan (kept_host: its
-    kept tiles on the host) the staircase of kept tiles in the row order (`_staircase_part`), else dense."""
+    """dC += (softmax part)^T E and acc += (softmax part) C (acc float32; dC holds uniform_row in every row, or
+    zeros): with the filter's plan (kept_host: its kept tiles on the host) the staircase of kept tiles in the
+    row order (`_staircase_part`), else dense."""
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
     if kept_host is not None:
-        _staircase_part(hidden, weight, y, lse, g, gscale, order, rows, kept, kept_host, d_weight, acc, beta,
-                        softcap, alpha)
+        _staircase_part(hidden, weight, y, lse, g, gscale, order, rows, kept, kept_host, d_weight, uniform_row, acc,
+                        beta, softcap, alpha)
         return
     # nothing filtered: every row and tile, in the natural orders (rows of acc: tokens)
     n, d = hidden.shape
@@ -363,15 +368,29 @@ def _softmax_part(
                 _accumulate_f32(acc[r0 : r0 + nr], dz_chunk, weight[c0 : c0 + vc], alpha)
 
 
+def piece_budget(n_rows: int, vocab: int, d: int, itemsize: int, has_acc: bool) -> tuple[int, int]:
+    """(dZ elements, head tiles) of a filtered backward's pieces: the dense path's dZ chunk less the hidden
+    states in the row order (n_rows x d), at least half of it, and the tiles of head rows GATHER_BUFFER_BYTES
+    hold."""
+    ft = forward.TILES
+    rows, width = chunk_shape(triton.cdiv(n_rows, ft.block_n), triton.cdiv(vocab, ft.block_v), d, n_rows, itemsize,
+                              has_acc)
+    elements = max(rows * width // 2, rows * width - n_rows * d, ft.block_n * ft.block_v)
+    return elements, max(1, GATHER_BUFFER_BYTES // (d * itemsize * ft.block_v))
+
+
 def _staircase_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
     gscale: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor, kept_host: np.ndarray,
-    d_weight: torch.Tensor | None, acc: torch.Tensor | None, beta: float, softcap: float | None, alpha: float,
+    d_weight: torch.Tensor | None, uniform_row: torch.Tensor | None, acc: torch.Tensor | None, beta: float,
+    softcap: float | None, alpha: float,
 ) -> None:
-    """The softmax part over the rectangles of kernels.filter.staircase: token rows[p] at row p (acc's rows too),
-    vocabulary entry order[j] at position j. Each rectangle's head rows and dC rows are gathered into fixed
-    buffers (one TMA descriptor for all), dZ is a flat buffer shaped per piece: the dense path's dZ chunk less the
-    hidden states in the row order and the two buffers, at least half of it."""
+    """The softmax part over the pieces of kernels.filter.pieces: token rows[p] at row p (acc's rows too),
+    vocabulary entry order[j] at position j. Per piece: its head rows gathered into one buffer (one TMA
+    descriptor for all pieces), dZ recomputed into a flat buffer (the dense path's dZ chunk less the hidden states
+    in the row order, at least half of it), acc += dZ head, and the piece's dC rows = uniform_row + dZ^T E written
+    into the head buffer once acc is done with it, then copied into dC (one rounding). A vocabulary chunk whose
+    rows take several pieces sums its dC rows in a second buffer."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     ft, bt = forward.TILES, TILES
@@ -380,34 +399,35 @@ def _staircase_part(
     src = torch.where(real, rows, 0)
     e, lse, y = hidden.index_select(0, src), lse[src], torch.where(real, y[src], -1)
     g = torch.where(real, g[src], 0.0)
-    n_rows = e.shape[0]
-    width_cap = max(1, GATHER_BUFFER_BYTES // (d * itemsize * ft.block_v)) * ft.block_v  # positions
-    head_buf = torch.empty(width_cap, d, dtype=weight.dtype, device=weight.device)
-    part_buf = torch.empty_like(head_buf) if d_weight is not None else None
-    dense_rows, dense_vocab = chunk_shape(triton.cdiv(n_rows, ft.block_n), triton.cdiv(vocab, ft.block_v), d, n_rows,
-                                          itemsize, acc is not None)
-    buffers = e.numel() + (2 if part_buf is not None else 1) * head_buf.numel()
-    elements = max(dense_rows * dense_vocab // 2, dense_rows * dense_vocab - buffers)
+    elements, max_tiles = piece_budget(e.shape[0], vocab, d, itemsize, acc is not None)
+    head_buf = torch.empty(max_tiles * ft.block_v, d, dtype=weight.dtype, device=weight.device)
+    sum_buf = None
     dz_flat = torch.empty(elements, dtype=hidden.dtype, device=hidden.device)
     recompute = _Recompute(e, y, lse, g, gscale, head_buf, order, kept, vocab, beta, softcap)
-    for first_block, t0, t1 in staircase(kept_host.tolist(), bt.chunk_vocab // ft.block_v):
-        r_begin = first_block * ft.block_n
-        rows_per_piece = min(n_rows - r_begin, max(ft.block_n, elements // bt.chunk_vocab // ft.block_n * ft.block_n))
-        width = min(width_cap, max(ft.block_v, elements // rows_per_piece // ft.block_v * ft.block_v))
-        end = min(t1 * ft.block_v, vocab)
-        for c0 in range(t0 * ft.block_v, end, width):
-            vc = min(width, end - c0)
-            ids = order[c0 : c0 + vc]
-            head = torch.index_select(weight, 0, ids, out=head_buf[:vc])
-            part = torch.index_select(d_weight, 0, ids, out=part_buf[:vc]) if d_weight is not None else None
-            stride = triton.cdiv(vc, ft.block_v) * ft.block_v  # the kernel writes whole tiles
-            for r0 in range(r_begin, n_rows, rows_per_piece):
-                nr = min(rows_per_piece, n_rows - r0)
-                dz = dz_flat[: nr * stride].view(nr, stride)[:, :vc]
-                recompute(dz, r0, nr, c0, vc, c0)
-                if part is not None:  # part holds u and earlier row pieces: one rounding per piece
-                    part.addmm_(dz.T, e[r0 : r0 + nr], alpha=alpha)
-                if acc is not None:
-                    _accumulate_f32(acc[r0 : r0 + nr], dz, head, alpha)
-            if part is not None:
-                d_weight.index_copy_(0, ids, part)
+    plan = filter_pieces(kept_host.tolist(), ft.block_n, elements, max_tiles, ft.block_v)
+    for (t0, t1), chunk in itertools.groupby(plan, key=lambda piece: piece[:2]):
+        chunk = list(chunk)
+        c0 = t0 * ft.block_v
+        vc = min(t1 * ft.block_v, vocab) - c0
+        ids = order[c0 : c0 + vc]
+        head = torch.index_select(weight, 0, ids, out=head_buf[:vc])
+        part = head
+        if d_weight is not None and len(chunk) > 1:  # the head stays in use for the chunk's later pieces
+            sum_buf = torch.empty_like(head_buf) if sum_buf is None else sum_buf
+            part = sum_buf[:vc]
+        stride = triton.cdiv(vc, ft.block_v) * ft.block_v  # the kernel writes whole tiles
+        for k, (_, _, r0, r1) in enumerate(chunk):
+            dz = dz_flat[: (r1 - r0) * stride].view(r1 - r0, stride)[:, :vc]
+            recompute(dz, r0, r1 - r0, c0, vc, c0)
+            if acc is not None:
+                _accumulate_f32(acc[r0:r1], dz, head, alpha)
+            if d_weight is None:
+                continue
+            if k > 0:
+                part.addmm_(dz.T, e[r0:r1], alpha=alpha)
+            elif uniform_row is not None:
+                torch.addmm(uniform_row, dz.T, e[r0:r1], alpha=alpha, out=part)
+            else:
+                torch.addmm(part, dz.T, e[r0:r1], beta=0.0, alpha=alpha, out=part)
+        if d_weight is not None:
+            d_weight.index_copy_(0, ids, part)

@@ -1,10 +1,9 @@
-"""The backward's gradient filter (filter="loose"): which (row block, vocabulary tile) products of the softmax
-part it may skip. filter="exact", the default, computes every tile.
+"""The backward's gradient filter: which (row block, vocabulary tile) products of the softmax part it may skip.
 
 With a filter, the forward walks the vocabulary sorted by mean logit over the batch (C @ mean_i E_i, descending:
 likely tokens first) in tiles of BLOCK_V positions and stores, per token i and tile t, the log-sum-exp of the
 tile's non-target logits; with LSE_i that is m_it = the tile's share of token i's probability mass. With the
-budget B (`FILTER_MASS[filter]`):
+budget B (`filter_mass`):
 1. Tokens are sorted by their cutoff k_i, the fewest leading tiles outside which their mass is at most B
    (ignored tokens have none: k_i = 0), and cut into blocks of BLOCK_N rows in that order, so that tokens whose
    mass reaches equally far into the vocabulary share a block.
@@ -12,10 +11,11 @@ budget B (`FILTER_MASS[filter]`):
    M_bt = max over the block's tokens of m_it (summed in float64). Every token of the block therefore drops at
    most B of probability mass: |change of dE_i| <= B g_i max|C| and sum_v |change of dC_v| <= B sum_i g_i max|E|.
 3. Blocks are ordered by K_b ascending, so the kept tiles form a staircase: the tokens that keep a vocabulary
-   chunk are a contiguous run of trailing rows, and the backward's GEMMs run dense (cuBLAS) over rectangles of
-   exactly them (`staircase`).
-The loss, the target column and the label-smoothing term -beta / V are never filtered. "loose" spends
-B = 2^-8 per token (one bf16 ulp of the gradient's scale g_i max|C|).
+   tile are a contiguous run of trailing rows, and the backward's GEMMs run dense (cuBLAS) over pieces of
+   exactly those rows (`pieces`).
+The loss, the target column and the label-smoothing term -beta / V are never filtered. Budgets: "exact" (the
+default) B = 2^-10 for 16-bit inputs, under their rounding (a bf16 gradient's ulp is 2^-8 of its scale
+g_i max|C|), and nothing for float32; "loose" B = 2^-8; "none" computes every tile.
 """
 
 from __future__ import annotations
@@ -24,8 +24,14 @@ from collections.abc import Sequence
 
 import torch
 
-FILTERS = ("exact", "loose")
-FILTER_MASS = {"exact": 0.0, "loose": 2.0**-8}  # probability mass per token each filter may drop
+FILTERS = ("exact", "loose", "none")
+FILTER_MASS = {"exact": 2.0**-10, "loose": 2.0**-8, "none": 0.0}  # probability mass per token each may drop
+
+
+def filter_mass(filter: str, dtype: torch.dtype) -> float:
+    """B, the probability mass per token `filter` may drop for inputs of `dtype` (0: every tile computed):
+    FILTER_MASS, except that "exact" drops nothing from float32 inputs (2^-10 is above their rounding)."""
+    return 0.0 if filter == "exact" and dtype == torch.float32 else FILTER_MASS[filter]
 
 
 def token_tile_mass(tile_lse: torch.Tensor, lse: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -74,19 +80,23 @@ def kept_per_token(rows: torch.Tensor, kept: torch.Tensor, n: int, block_n: int)
     return torch.zeros(n, dtype=torch.int64, device=rows.device).index_copy_(0, rows[real], per_row[real])
 
 
-def staircase(kept: Sequence[int], min_tiles: int) -> list[tuple[int, int, int]]:
-    """Dense rectangles (first block, first tile, end tile) covering, without overlap, the tiles kept by blocks
-    whose kept tiles K_b ascend: rectangle (b, t0, t1) holds every row from block b on and tiles [t0, t1), and
-    block b keeps tile t0. A rectangle narrower than min_tiles takes in the next one's tiles too (its first
-    blocks keep fewer of them: those are computed as zeros), so that few rectangles are narrow."""
-    out: list[list[int]] = []
-    done = 0
-    for block, k in enumerate(kept):
-        if k <= done:
-            continue
-        if out and out[-1][2] - out[-1][1] < min_tiles:
-            out[-1][2] = k
-        else:
-            out.append([block, done, k])
-        done = k
-    return [(b, t0, t1) for b, t0, t1 in out]
+def pieces(kept: Sequence[int], block_n: int, max_elements: int, max_tiles: int, block_v: int,
+           ) -> list[tuple[int, int, int, int]]:
+    """Dense pieces (first tile, end tile, first row, end row) covering, without overlap, the tiles kept by blocks
+    (block_n rows each) whose kept tiles K_b ascend. Walking the tiles from 0, a piece starting at tile t holds
+    every row of the blocks that keep t (a trailing run) and as many tiles as rows x tiles x block_v <=
+    max_elements allows, between 1 and max_tiles, up to the largest K_b (tiles in it past a block's K_b are
+    that block's zeros). Where one tile of those rows exceeds max_elements, its rows are split into pieces of
+    whole blocks, consecutive in the list."""
+    out: list[tuple[int, int, int, int]] = []
+    rows, end = len(kept) * block_n, max(kept, default=0)
+    t, first = 0, 0
+    while t < end:
+        while kept[first] <= t:
+            first += 1
+        r0 = first * block_n
+        width = max(1, min(max_tiles, max_elements // ((rows - r0) * block_v), end - t))
+        step = max(block_n, max_elements // (width * block_v) // block_n * block_n)
+        out += [(t, t + width, r, min(rows, r + step)) for r in range(r0, rows, step)]
+        t += width
+    return out

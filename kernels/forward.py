@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
-from kernels.filter import FILTER_MASS
-from kernels.filter import plan as filter_plan
+from kernels.filter import filter_mass
+from kernels.plan_triton import triton_plan
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,10 @@ def triton_forward(
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, vocabulary
-    order, row order, kept tiles)). With filter="loose" (not with softcap and beta > 0, which must stay dense) the
-    vocabulary is walked in the order of descending mean logit over the batch (C @ mean_i E_i), and
-    kernels/filter.py turns the per-row tile statistics into the backward's row order and kept tiles; otherwise
-    the three are empty: natural order, everything kept."""
+    order, row order, kept tiles)). With a filter that drops mass (kernels/filter.py; not with softcap and beta > 0,
+    which must stay dense) the vocabulary is walked in the order of descending mean logit over the batch
+    (C @ mean_i E_i), and kernels/plan_triton.py turns the per-row tile statistics into the backward's row order
+    and kept tiles; otherwise the three are empty: natural order, everything kept."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -169,7 +169,7 @@ def triton_forward(
     )
     t = TILES
     row_blocks, vocab_tiles = triton.cdiv(n, t.block_n), triton.cdiv(vocab, t.block_v)
-    mass = FILTER_MASS[filter]
+    mass = filter_mass(filter, hidden.dtype)
     filtering = mass > 0.0 and not (softcap is not None and label_smoothing > 0.0) and n > 0
     order = torch.empty(0, dtype=torch.int64, device=dev)
     if filtering:
@@ -225,5 +225,5 @@ def triton_forward(
     rest_prob = torch.exp(lse_rest - lse)  # 1 - p_y, exact even where p_y rounds to 1
     rows = kept = torch.empty(0, dtype=torch.int64, device=dev)
     if filtering:
-        rows, kept = filter_plan(tile_lse, lse, y >= 0, t.block_n, mass)
+        rows, kept = triton_plan(tile_lse, lse, y >= 0, t.block_n, mass)
     return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, order, rows, kept)

@@ -77,7 +77,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     dropout: float | None = None  # sets the model's attention/hidden dropout when given
     loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
-    loss_filter: str = "exact"  # the kernel's gradient filter: exact (every tile) | loose (kernels/filter.py)
+    loss_filter: str = "exact"  # the kernel's gradient filter (kernels/filter.py): exact (2^-10) | loose (2^-8) | none
     compile: bool | None = None  # torch.compile each decoder layer; null: on CUDA only (CPU compiles take minutes)
     pad_to_multiple: int | None = None  # right-pad batches to a multiple of this width; null: 64 on CUDA, 1 on CPU
     pack: bool | None = None  # several examples per fixed-width row (trainable/packing.py); null: on CUDA only

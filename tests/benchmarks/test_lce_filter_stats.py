@@ -33,7 +33,7 @@ def test_rows_keep_the_budget_and_sorting_tokens_helps(benchmark_script, tmp_pat
         sorted_row = rows[(f"loose rule at 2^{budget}", "sorted tokens")]
         natural_row = rows[(f"loose rule at 2^{budget}", "natural tokens")]
         for r in (sorted_row, natural_row):
-            assert r["dropped max"] <= 2.0**budget and 0.0 < r["tiles computed"] <= r["rectangle work"] <= 1.0
+            assert r["dropped max"] <= 2.0**budget and 0.0 < r["tiles computed"] <= r["piece work"] <= 1.0
         assert sorted_row["tiles computed"] < natural_row["tiles computed"]
     assert 0.0 < rows[("CCE (every p < 2^-12)", "natural tokens")]["tiles computed"] <= 1.0
     assert "| loose rule at 2^-8 | sorted tokens |" in capsys.readouterr().out

@@ -38,7 +38,7 @@ def _case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         (dict(softcap=0.0), "expected softcap None or > 0"),
         (dict(softcap=-3.0), "expected softcap None or > 0"),
         (dict(reduction="avg"), "expected reduction in"),
-        (dict(filter="fast"), "expected filter in \\('exact', 'loose'\\), got 'fast'"),
+        (dict(filter="fast"), "expected filter in \\('exact', 'loose', 'none'\\), got 'fast'"),
     ],
 )
 def test_clear_errors(change: dict, message: str) -> None:

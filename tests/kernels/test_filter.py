@@ -1,4 +1,4 @@
-"""kernels/filter.py on its own (no Triton): the plan's rule on random tile masses and the staircase's rectangles."""
+"""kernels/filter.py on its own (no Triton): the plan's rule on random tile masses and the pieces covering it."""
 
 from __future__ import annotations
 
@@ -33,20 +33,30 @@ def test_plan_on_random_masses() -> None:
     assert kept[0] == 0 and 0.0 < lce_filter.kept_share(kept, tiles) < 1.0
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_staircase_covers_exactly_the_kept_tiles(seed: int) -> None:
-    """Every kept (block, tile) lies in one rectangle, rectangles do not overlap, a rectangle holds only blocks
-    from its first on (which keep its first tile), and all but the last are at least min_tiles wide."""
+@pytest.mark.parametrize(("seed", "max_elements", "max_tiles"), [(0, 4000, 6), (1, 4000, 6), (2, 900, 3), (3, 64, 8)])
+def test_pieces_cover_exactly_the_kept_tiles(seed: int, max_elements: int, max_tiles: int) -> None:
+    """Every kept (block, tile) lies in one piece, pieces do not overlap, a piece's rows are whole blocks from
+    the first that keeps its first tile to the end (or a split of them, consecutive), it is at most max_tiles
+    wide and within max_elements unless one tile of its rows alone exceeds it, and each piece of whole rows is
+    as wide as the budget allows."""
     g = torch.Generator().manual_seed(seed)
-    kept = torch.randint(0, 60, (12,), generator=g).sort().values.tolist()
+    blocks, tiles, bn, bv = 12, 60, 4, 8
+    kept = torch.randint(0, tiles + 1, (blocks,), generator=g).sort().values.tolist()
     kept[0] = 0
-    rects = lce_filter.staircase(kept, min_tiles=8)
-    cover = torch.zeros(12, 60, dtype=torch.int64)
-    for b, t0, t1 in rects:
-        assert t0 < t1 and kept[b] > t0
-        cover[b:, t0:t1] += 1
-    kept_mask = torch.arange(60)[None, :] < torch.tensor(kept)[:, None]
+    pieces = lce_filter.pieces(kept, bn, max_elements, max_tiles, bv)
+    cover = torch.zeros(blocks * bn, tiles, dtype=torch.int64)
+    for t0, t1, r0, r1 in pieces:
+        assert t0 < t1 <= max(kept) and t1 - t0 <= max_tiles and r0 % bn == 0 and r0 < r1 <= blocks * bn
+        cover[r0:r1, t0:t1] += 1
+        first = next(b for b, k in enumerate(kept) if k > t0)
+        assert r0 >= first * bn
+        if r1 - r0 > bn:
+            assert (r1 - r0) * (t1 - t0) * bv <= max_elements
+    kept_rows = torch.tensor(kept).repeat_interleave(bn)
+    kept_mask = torch.arange(tiles)[None, :] < kept_rows[:, None]
     assert cover.max() == 1 and (cover[kept_mask] == 1).all()
-    assert all(t1 - t0 >= 8 for _, t0, t1 in rects[:-1])
-    assert rects[-1][2] == kept[-1] and [t0 for _, t0, _ in rects] == sorted({t0 for _, t0, _ in rects})
-    assert lce_filter.staircase([0, 0], 8) == [] and lce_filter.staircase([5, 5], 8) == [(0, 0, 5)]
+    for t0, t1, r0, r1 in pieces:
+        if r0 == next(b for b, k in enumerate(kept) if k > t0) * bn and r1 == blocks * bn and t1 < max(kept):
+            assert t1 - t0 == max_tiles or (r1 - r0) * (t1 - t0 + 1) * bv > max_elements
+    assert lce_filter.pieces([0, 0], bn, 100, 4, bv) == []
+    assert lce_filter.pieces([5, 5], bn, 1000, 8, bv) == [(0, 5, 0, 8)]

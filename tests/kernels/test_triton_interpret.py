@@ -77,14 +77,19 @@ def test_matches_reference(dtype: torch.dtype, beta: float, reduction: str) -> N
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
-def test_exact_is_dense_and_plans_nothing() -> None:
-    """filter="exact": no sorted vocabulary, no row order, every tile computed (cuBLAS on whole chunks)."""
-    hidden, weight, targets = make_case(N, V, D, torch.bfloat16, ignore_frac=0.2, seed=4)
-    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, "exact")
+@pytest.mark.parametrize(("filter_name", "dtype"), [("none", torch.bfloat16), ("exact", torch.float32)])
+def test_dense_filters_plan_nothing(filter_name: str, dtype: torch.dtype) -> None:
+    """filter="none", and "exact" on float32 inputs: no sorted vocabulary, no row order, every tile computed
+    (cuBLAS on whole chunks); "exact" on bf16 plans (its budget is 2^-10)."""
+    hidden, weight, targets = make_case(N, V, D, dtype, ignore_frac=0.2, seed=4)
+    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, filter_name)
     assert order.numel() == rows.numel() == kept.numel() == 0
     kw = dict(label_smoothing=0.1)
-    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="exact", **kw)
-    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), torch.bfloat16)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=filter_name, **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+    *_, (_, _, _, order, rows, kept) = forward.triton_forward(
+        hidden.bfloat16(), weight.bfloat16(), targets, 0.1, -100, None, "exact")
+    assert order.numel() == V and rows.numel() == 384 and kept.numel() == 3
 
 
 @pytest.mark.parametrize(("dtype", "beta"), [(torch.bfloat16, 0.0), (torch.bfloat16, 0.3), (torch.float32, 0.3)])
@@ -119,10 +124,13 @@ def _block_masses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     return mass.view(-1, bn, mass.shape[1]).amax(dim=1)
 
 
-@pytest.mark.parametrize(("budget", "beta", "dz_block_v"),
-                         [(2.0**-8, 0.0, 256), (2.0**-8, 0.1, 128), (2.0**-10, 0.0, 256), (2.0**-10, 0.1, 256)])
+@pytest.mark.parametrize(("filter_name", "beta", "dz_block_v", "dz_rows", "chunk_vocab"), [
+    ("loose", 0.0, 256, 128, 512), ("loose", 0.1, 128, 384, 512), ("exact", 0.0, 256, 128, 512),
+    ("exact", 0.1, 256, 384, 1024),
+])
 def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
-    budget: float, beta: float, dz_block_v: int, monkeypatch: pytest.MonkeyPatch,
+    filter_name: str, beta: float, dz_block_v: int, dz_rows: int, chunk_vocab: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The plan (kernels/filter.py) against float64 tile masses: blocks ascending by kept tiles K_b, the dropped
     tiles' block masses summing to at most the budget and K_b the fewest that allow it; the rows a permutation.
@@ -130,14 +138,18 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     and label-smoothing parts kept), at most the budget dropped per token, within the filter's tolerance of the
     plain truth. Small chunks: several row and vocabulary chunks, later chunks kept by trailing blocks only; the
     forward reads the sorted head in three gathered spans of one tile (GATHER_BYTES), by TMA; dZ tiles half a
-    filter tile wide (dz_block_v 128); budgets of filter="loose" (2^-8) and of a tighter one."""
-    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=128 * 512, chunk_vocab=512,
-                                                                  dz_block_v=dz_block_v))
+    filter tile wide (dz_block_v 128); filter="loose" (2^-8) and "exact" (2^-10). The dZ budget (the dense chunk
+    dz_rows x chunk_vocab less the 384 x 256 hidden states, at least half of it): 128 x 256 splits the rows of a
+    vocabulary tile into pieces (their dC rows summed in the second buffer); 384 x 256 takes a tile per piece;
+    384 x 768 the whole staircase in one piece."""
+    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=dz_rows * chunk_vocab,
+                                                                  chunk_vocab=chunk_vocab, dz_block_v=dz_block_v))
     monkeypatch.setattr(forward, "GATHER_BYTES", 1)
     assert forward.position_spans(V, 256 * 2, 256, permuted=True) == [(0, 256), (256, 512), (512, V)]
-    monkeypatch.setitem(lce_filter.FILTER_MASS, "loose", budget)
+    budget = lce_filter.filter_mass(filter_name, torch.bfloat16)
     hidden, weight, targets = _mixed_case(torch.bfloat16)
-    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, beta, -100, None, "loose")
+    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, beta, -100, None,
+                                                              filter_name)
     mean_logit = weight.double() @ hidden.double().mean(dim=0)
     assert (mean_logit[order].diff() <= 2.0**-7 * mean_logit.abs().max()).all()  # descending, up to bf16 rounding
     assert torch.equal(rows.sort().values, torch.arange(384)) and (kept.diff() >= 0).all()
@@ -151,7 +163,7 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     assert kept[0] == 0 and kept[-1] == tiles  # peaked blocks drop everything, the flat one keeps everything
 
     kw = dict(label_smoothing=beta)
-    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="loose", **kw)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=filter_name, **kw)
     per_token = lce_filter.kept_per_token(rows, kept, N, forward.TILES.block_n)
     *filtered, dropped = filtered_truth(hidden, weight, targets, per_token, forward.TILES.block_v, beta, order)
     assert dropped.max().item() <= budget

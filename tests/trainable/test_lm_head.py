@@ -61,7 +61,7 @@ def test_the_loss_filter_reaches_the_kernel(tiny_llama_config) -> None:
     ids = torch.randint(0, tiny_llama_config["vocab_size"], (1, 8))
     batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
     CausalLMWithFusedLoss(model, 0.1, loss_filter="loose")(**batch)  # accepted (exact on the CPU path)
-    with pytest.raises(ValueError, match="expected filter in \\('exact', 'loose'\\), got 'fast'"):
+    with pytest.raises(ValueError, match="expected filter in \\('exact', 'loose', 'none'\\), got 'fast'"):
         CausalLMWithFusedLoss(model, 0.1, loss_filter="fast")(**batch)
 
 
