@@ -1,13 +1,14 @@
 """Benchmark linear + (label-smoothed) cross-entropy implementations on one GPU: time and peak extra memory.
 
-Methods: ours (kernels.linear_cross_entropy) with each gradient filter (kernels/filter.py): "exact" (the
-default: at most 2^-10 of probability mass dropped per token), "loose" (2^-8) and "none" (every tile), torch
-eager (F.cross_entropy on materialised logits upcast to float32, as Hugging Face does), torch.compile of the same, Liger's FusedLinearCrossEntropy and Cut Cross-Entropy (beta = 0 only: no
-smoothing support; default options, its gradient filter included); with --baseline MODULE also that module's
-linear_cross_entropy under each of its filters (an earlier version of kernels/, copied under another name), for
-a before/after in the same run. Each at beta 0 and 0.1, on inputs (bf16, no ignored tokens). As floors, the
-matrix products alone (no loss, `_GemmsOnly`): four GEMMs in our chunks (O(N) memory) and three with the logits
-kept (torch.compile's structure); on a power-limited GPU these, not peak TFLOP/s, bound what a design can reach.
+Methods: ours (kernels.linear_cross_entropy) with each gradient filter (kernels/filter.py): "exact" (the default:
+at most 2^-10 of probability mass dropped per token), "loose" (2^-8) and "none" (every tile), torch eager
+(F.cross_entropy on materialised logits upcast to float32, as Hugging Face does), torch.compile of the same,
+Liger's FusedLinearCrossEntropy and Cut Cross-Entropy (beta = 0 only: no smoothing support; default options, its
+gradient filter included); with --baseline MODULE also that module's linear_cross_entropy under each of its
+filters (an earlier version of kernels/, copied under another name), for a before/after in the same run. Each at
+beta 0 and 0.1, on inputs (bf16, no ignored tokens). As floors, the matrix products alone (no loss, `_GemmsOnly`):
+four GEMMs in our chunks (O(N) memory) and three with the logits kept (torch.compile's structure); on a power-
+limited GPU these, not peak TFLOP/s, bound what a design can reach.
 - random (at --n/--vocab/--dim, the paper's shape by default): E ~ N(0, 1), C ~ N(0, 1 / D): logits ~ N(0, 1),
   a flat softmax (the gradient filter skips nothing).
 - peaked (synthetic): CCE's trick, as kernels.testing.make_case: rows of E scaled to norm sqrt(D), distinct
