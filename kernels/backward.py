@@ -228,11 +228,7 @@ def triton_backward(
         a = a * (1.0 - (z_y / softcap) ** 2)
     a = torch.where(valid, a, 0.0)
 
-    kept_host = None
-    if rows.numel() > 0:  # the filter's plan: one host sync, right at the start of the backward
-        kept_host = AsyncHostCopy(kept).get()
-        if kept_host.mean() > STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v):  # little dropped
-            rows, kept_host = rows[:0], None
+    plan = AsyncHostCopy(kept) if rows.numel() > 0 else None  # the filter's plan, read after the queued work below
     acc = torch.zeros((max(rows.numel(), n), d), dtype=torch.float32, device=dev) if need_hidden_grad else None
     d_weight = uniform_row = None
     if need_weight_grad and rank_one_uniform:
@@ -240,6 +236,11 @@ def triton_backward(
         d_weight = uniform_row.expand(vocab, d).contiguous()
     elif need_weight_grad:
         d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    kept_host = None
+    if plan is not None:  # one host sync, once the GPU has the work above
+        kept_host = plan.get()
+        if kept_host.mean() > STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v):  # little dropped
+            rows, kept_host = rows[:0], None
     if n > 0:
         _softmax_part(hidden, weight, y, lse, g, gscale, order, rows, kept, kept_host, d_weight, uniform_row, acc,
                       beta, softcap)

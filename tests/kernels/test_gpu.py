@@ -48,6 +48,8 @@ def test_paper_shape(peaked: bool) -> None:
         ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=name, **kw)
         mass = lce_filter.FILTER_MASS[name]
         assert_accurate(ours, truth, own, torch.bfloat16, slack=filter_slack(hidden, weight, targets, mass))
+        if not peaked:  # the backward ran dense; only the forward's vocabulary order (its rounding) differs
+            continue
         d_hidden = (ours[1] - dense[1]).abs()
         assert (d_hidden <= mass * g.max() * weight.double().abs().max() + ulp * dense[1].abs()).all()
         d_weight = (ours[2] - dense[2]).abs().sum(dim=0).max()
