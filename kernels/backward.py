@@ -55,7 +55,7 @@ STAIRCASE_MAX_SHARE = 0.9
 GATHER_BUFFER_BYTES = 16 << 20
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_tiles", "vc"])  # one compiled kernel for every launch of a backward
 def _dz_kernel(
     E, C, Y, PERM, LSE, G, GSCALE, KEPT, DZ,
     N, V, D, r0, row_tiles, c0, vc, c_off, stride_en, stride_ed, stride_cv, stride_cd, stride_dz,
@@ -311,27 +311,36 @@ class _Recompute:
 
     def __post_init__(self) -> None:
         ft, bt = forward.TILES, TILES
-        self.e_arg, self.e_tma = tma_operand(self.e, [ft.block_n, ft.block_k])
-        self.c_arg, self.c_tma = tma_operand(self.head, [bt.dz_block_v, ft.block_k])
-        self.flags = dot_flags(self.e.dtype)
+        e_arg, e_tma = tma_operand(self.e, [ft.block_n, ft.block_k])
+        c_arg, c_tma = tma_operand(self.head, [bt.dz_block_v, ft.block_k])
+        filtering = self.kept is not None
+        self.head_args = (e_arg, c_arg, self.y, self.order if filtering else self.y, self.lse, self.g, self.gscale,
+                          self.kept if filtering else self.y)
+        self.sizes = (self.e.shape[0], self.vocab, self.e.shape[1])
+        # every argument after the launch's own (r0, row_tiles, c0, vc, c_off, dZ row stride), constexprs included
+        self.tail_args = (
+            self.beta / self.vocab, self.softcap or 1.0, ft.block_n, bt.dz_block_v, ft.block_k,
+            self.e.shape[1] % ft.block_k == 0, ft.block_v, filtering, self.softcap is not None,
+            self.softcap is not None and self.beta > 0.0, e_tma, c_tma, *dot_flags(self.e.dtype).values(),
+        )
+        self.strides = (*self.e.stride(), *self.head.stride())
+        self.options = dict(num_warps=ft.num_warps, num_stages=bt.dz_stages if self.e.element_size() == 2 else 2)
         self.sms = forward.num_sms(self.e.device)  # one persistent recompute program per SM
+        self.compiled = None
 
     def __call__(self, dz: torch.Tensor, r0: int, nr: int, c0: int, vc: int, c_off: int) -> None:
         """dZ (nr x vc, rows dz.stride(0) apart, room for whole tiles) of rows r0 ..., vocabulary positions
-        c0 ...; the head operand's row 0 is position c_off."""
-        ft, bt = forward.TILES, TILES
-        filtering = self.kept is not None
-        rb = triton.cdiv(nr, ft.block_n)
-        _dz_kernel[(min(rb * triton.cdiv(vc, bt.dz_block_v), self.sms),)](
-            self.e_arg, self.c_arg, self.y, self.order if filtering else self.y, self.lse, self.g, self.gscale,
-            self.kept if filtering else self.y, dz,
-            self.e.shape[0], self.vocab, self.e.shape[1], r0, rb, c0, vc, c_off, *self.e.stride(),
-            *self.head.stride(), dz.stride(0), self.beta / self.vocab, self.softcap or 1.0,
-            BLOCK_N=ft.block_n, BLOCK_V=bt.dz_block_v, BLOCK_K=ft.block_k, EVEN_K=self.e.shape[1] % ft.block_k == 0,
-            MASK_V=ft.block_v, FILTERING=filtering, HAS_SOFTCAP=self.softcap is not None,
-            DENSE_UNIFORM=self.softcap is not None and self.beta > 0.0, E_TMA=self.e_tma, C_TMA=self.c_tma,
-            num_warps=ft.num_warps, num_stages=bt.dz_stages if self.e.element_size() == 2 else 2, **self.flags,
-        )
+        c0 ...; the head operand's row 0 is position c_off. After the first launch the compiled kernel is called
+        directly (Triton's launcher re-derives the specialisation of ~35 arguments per call, ~30 us of host time):
+        the arguments that change between launches are multiples of 16 (r0, c0, c_off, the dZ row stride: whole
+        tiles) or not specialised on (row_tiles, vc)."""
+        rb = triton.cdiv(nr, forward.TILES.block_n)
+        grid = (min(rb * triton.cdiv(vc, TILES.dz_block_v), self.sms),)
+        args = (*self.head_args, dz, *self.sizes, r0, rb, c0, vc, c_off, *self.strides, dz.stride(0), *self.tail_args)
+        if self.compiled is None:  # under the interpreter a launch returns nothing: every launch comes here
+            self.compiled = _dz_kernel[grid](*args, **self.options)
+        else:
+            self.compiled[grid](*args)
 
 
 def _softmax_part(
@@ -418,7 +427,7 @@ def _staircase_part(
             part = sum_buf[:vc]
         stride = triton.cdiv(vc, ft.block_v) * ft.block_v  # the kernel writes whole tiles
         for k, (_, _, r0, r1) in enumerate(chunk):
-            dz = dz_flat[: (r1 - r0) * stride].view(r1 - r0, stride)[:, :vc]
+            dz = dz_flat.as_strided((r1 - r0, vc), (stride, 1))
             recompute(dz, r0, r1 - r0, c0, vc, c0)
             if acc is not None:
                 _accumulate_f32(acc[r0:r1], dz, head, alpha)
