@@ -228,7 +228,10 @@ def triton_backward(
         a = a * (1.0 - (z_y / softcap) ** 2)
     a = torch.where(valid, a, 0.0)
 
-    plan = AsyncHostCopy(kept) if rows.numel() > 0 else None  # the filter's plan, read after the queued work below
+    plan = stairs = None
+    if rows.numel() > 0 and n > 0:  # the filter's plan, read once the GPU has the work queued below
+        plan = AsyncHostCopy(kept)
+        stairs = _Staircase(hidden, weight, y, lse, g, gscale, order, rows, kept, beta, softcap, need_hidden_grad)
     acc = torch.zeros((max(rows.numel(), n), d), dtype=torch.float32, device=dev) if need_hidden_grad else None
     d_weight = uniform_row = None
     if need_weight_grad and rank_one_uniform:
@@ -236,14 +239,15 @@ def triton_backward(
         d_weight = uniform_row.expand(vocab, d).contiguous()
     elif need_weight_grad:
         d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-    kept_host = None
-    if plan is not None:  # one host sync, once the GPU has the work above
+    alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
+    if stairs is not None:  # one host sync
         kept_host = plan.get()
-        if kept_host.mean() > STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v):  # little dropped
-            rows, kept_host = rows[:0], None
-    if n > 0:
-        _softmax_part(hidden, weight, y, lse, g, gscale, order, rows, kept, kept_host, d_weight, uniform_row, acc,
-                      beta, softcap)
+        if kept_host.mean() <= STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v):
+            stairs.run(kept_host, weight, d_weight, uniform_row, acc, alpha)
+        else:  # little dropped: dense, in the natural orders
+            rows, stairs = rows[:0], None
+    if stairs is None and n > 0:
+        _dense_part(hidden, weight, y, lse, g, gscale, d_weight, acc, beta, softcap, alpha)
     d_hidden = None
     if acc is not None:
         cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
@@ -343,21 +347,13 @@ class _Recompute:
             self.compiled[grid + (1, 1)](*args)  # its runner takes all three grid dimensions
 
 
-def _softmax_part(
+def _dense_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-    gscale: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor, kept_host: np.ndarray | None,
-    d_weight: torch.Tensor | None, uniform_row: torch.Tensor | None, acc: torch.Tensor | None, beta: float,
-    softcap: float | None,
+    gscale: torch.Tensor, d_weight: torch.Tensor | None, acc: torch.Tensor | None, beta: float, softcap: float | None,
+    alpha: float,
 ) -> None:
-    """dC += (softmax part)^T E and acc += (softmax part) C (acc float32; dC holds uniform_row in every row, or
-    zeros): with the filter's plan (kept_host: its kept tiles on the host) the staircase of kept tiles in the
-    row order (`_staircase_part`), else dense."""
-    alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
-    if kept_host is not None:
-        _staircase_part(hidden, weight, y, lse, g, gscale, order, rows, kept, kept_host, d_weight, uniform_row, acc,
-                        beta, softcap, alpha)
-        return
-    # nothing filtered: every row and tile, in the natural orders (rows of acc: tokens)
+    """dC += (softmax part)^T E and acc += alpha (softmax part) C (acc float32) over every row and tile, in the
+    natural orders (rows of acc: tokens): vocabulary chunks outside, rows inside, the head read in place."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     ft = forward.TILES
@@ -389,55 +385,66 @@ def piece_budget(n_rows: int, vocab: int, d: int, itemsize: int, has_acc: bool) 
     return elements, max(1, GATHER_BUFFER_BYTES // (d * itemsize * ft.block_v))
 
 
-def _staircase_part(
-    hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-    gscale: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor, kept_host: np.ndarray,
-    d_weight: torch.Tensor | None, uniform_row: torch.Tensor | None, acc: torch.Tensor | None, beta: float,
-    softcap: float | None, alpha: float,
-) -> None:
+class _Staircase:
     """The softmax part over the pieces of kernels.filter.pieces: token rows[p] at row p (acc's rows too),
-    vocabulary entry order[j] at position j. Per piece: its head rows gathered into one buffer (one TMA
-    descriptor for all pieces), dZ recomputed into a flat buffer (the dense path's dZ chunk less the hidden states
-    in the row order, at least half of it), acc += dZ head, and the piece's dC rows = uniform_row + dZ^T E written
-    into the head buffer once acc is done with it, then copied into dC (one rounding). A vocabulary chunk whose
-    rows take several pieces sums its dC rows in a second buffer."""
-    n, d = hidden.shape
-    vocab = weight.shape[0]
-    ft, bt = forward.TILES, TILES
-    itemsize = hidden.element_size()
-    real = rows < n  # padding rows (index >= n) get g = 0
-    src = torch.where(real, rows, 0)
-    e, lse, y = hidden.index_select(0, src), lse[src], torch.where(real, y[src], -1)
-    g = torch.where(real, g[src], 0.0)
-    elements, max_tiles = piece_budget(e.shape[0], vocab, d, itemsize, acc is not None)
-    head_buf = torch.empty(max_tiles * ft.block_v, d, dtype=weight.dtype, device=weight.device)
-    sum_buf = None
-    dz_flat = torch.empty(elements, dtype=hidden.dtype, device=hidden.device)
-    recompute = _Recompute(e, y, lse, g, gscale, head_buf, order, kept, vocab, beta, softcap)
-    plan = filter_pieces(kept_host.tolist(), ft.block_n, elements, max_tiles, ft.block_v)
-    for (t0, t1), chunk in itertools.groupby(plan, key=lambda piece: piece[:2]):
-        chunk = list(chunk)
-        c0 = t0 * ft.block_v
-        vc = min(t1 * ft.block_v, vocab) - c0
-        ids = order[c0 : c0 + vc]
-        head = torch.index_select(weight, 0, ids, out=head_buf[:vc])
-        part = head
-        if d_weight is not None and len(chunk) > 1:  # the head stays in use for the chunk's later pieces
-            sum_buf = torch.empty_like(head_buf) if sum_buf is None else sum_buf
-            part = sum_buf[:vc]
-        stride = triton.cdiv(vc, ft.block_v) * ft.block_v  # the kernel writes whole tiles
-        for k, (_, _, r0, r1) in enumerate(chunk):
-            dz = dz_flat.as_strided((r1 - r0, vc), (stride, 1))
-            recompute(dz, r0, r1 - r0, c0, vc, c0)
-            if acc is not None:
-                _accumulate_f32(acc[r0:r1], dz, head, alpha)
-            if d_weight is None:
-                continue
-            if k > 0:
-                part.addmm_(dz.T, e[r0:r1], alpha=alpha)
-            elif uniform_row is not None:
-                torch.addmm(uniform_row, dz.T, e[r0:r1], alpha=alpha, out=part)
-            else:
-                torch.addmm(part, dz.T, e[r0:r1], beta=0.0, alpha=alpha, out=part)
-        if d_weight is not None:
-            d_weight.index_copy_(0, ids, part)
+    vocabulary entry order[j] at position j. What does not depend on the plan's kept tiles is set up (and queued)
+    before the host waits for them: the hidden states, LSE, targets and g in the row order, a buffer for a
+    piece's head rows (gathered; one TMA descriptor for all pieces) and a flat dZ buffer (`piece_budget`).
+    Per piece: dZ recomputed, acc += dZ head, and the piece's dC rows = uniform_row + dZ^T E written into the head
+    buffer once acc is done with it, then copied into dC (one rounding). A vocabulary chunk whose rows take several
+    pieces sums its dC rows in a second buffer."""
+
+    def __init__(
+        self, hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+        gscale: torch.Tensor, order: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor, beta: float,
+        softcap: float | None, has_acc: bool,
+    ) -> None:
+        n, d = hidden.shape
+        ft = forward.TILES
+        real = rows < n  # padding rows (index >= n) get g = 0
+        src = torch.where(real, rows, 0)
+        self.e = hidden.index_select(0, src)
+        lse, y, g = lse[src], torch.where(real, y[src], -1), torch.where(real, g[src], 0.0)
+        self.elements, self.max_tiles = piece_budget(self.e.shape[0], weight.shape[0], d, hidden.element_size(),
+                                                     has_acc)
+        self.head_buf = torch.empty(self.max_tiles * ft.block_v, d, dtype=weight.dtype, device=weight.device)
+        self.dz_flat = torch.empty(self.elements, dtype=hidden.dtype, device=hidden.device)
+        self.order = order
+        self.recompute = _Recompute(self.e, y, lse, g, gscale, self.head_buf, order, kept, weight.shape[0], beta,
+                                    softcap)
+
+    def run(self, kept_host: np.ndarray, weight: torch.Tensor, d_weight: torch.Tensor | None,
+            uniform_row: torch.Tensor | None, acc: torch.Tensor | None, alpha: float) -> None:
+        """dC += (softmax part)^T E (dC holds uniform_row in every row, or zeros) and acc += alpha (softmax part)
+        C, over the pieces of the plan's kept tiles (kept_host, on the host)."""
+        ft = forward.TILES
+        vocab = weight.shape[0]
+        e, order, head_buf, dz_flat, recompute = self.e, self.order, self.head_buf, self.dz_flat, self.recompute
+        sum_buf = None
+        plan = filter_pieces(kept_host.tolist(), ft.block_n, self.elements, self.max_tiles, ft.block_v)
+        for (t0, t1), chunk in itertools.groupby(plan, key=lambda piece: piece[:2]):
+            chunk = list(chunk)
+            c0 = t0 * ft.block_v
+            vc = min(t1 * ft.block_v, vocab) - c0
+            ids = order[c0 : c0 + vc]
+            head = torch.index_select(weight, 0, ids, out=head_buf[:vc])
+            part = head
+            if d_weight is not None and len(chunk) > 1:  # the head stays in use for the chunk's later pieces
+                sum_buf = torch.empty_like(head_buf) if sum_buf is None else sum_buf
+                part = sum_buf[:vc]
+            stride = triton.cdiv(vc, ft.block_v) * ft.block_v  # the kernel writes whole tiles
+            for k, (_, _, r0, r1) in enumerate(chunk):
+                dz = dz_flat.as_strided((r1 - r0, vc), (stride, 1))
+                recompute(dz, r0, r1 - r0, c0, vc, c0)
+                if acc is not None:
+                    _accumulate_f32(acc[r0:r1], dz, head, alpha)
+                if d_weight is None:
+                    continue
+                if k > 0:
+                    part.addmm_(dz.T, e[r0:r1], alpha=alpha)
+                elif uniform_row is not None:
+                    torch.addmm(uniform_row, dz.T, e[r0:r1], alpha=alpha, out=part)
+                else:
+                    torch.addmm(part, dz.T, e[r0:r1], beta=0.0, alpha=alpha, out=part)
+            if d_weight is not None:
+                d_weight.index_copy_(0, ids, part)
