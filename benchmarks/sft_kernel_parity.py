@@ -4,8 +4,8 @@
     python benchmarks/sft_kernel_parity.py --family gemma3-270m --impls torch fused loose --out loose.json
 
 Runs ``trainable.worker.run_trial`` once per implementation, one process, one rank: ``torch`` (logits +
-F.cross_entropy, the reference), ``fused`` (kernels.linear_cross_entropy, filter="exact") and ``loose`` (the same
-with filter="loose"). Reports each curve's per-step loss difference from the reference's, and loose's from
+F.cross_entropy, the reference), ``fused`` (kernels.linear_cross_entropy with its default filter="exact"),
+``loose`` (filter="loose") and ``none`` (filter="none": every logit tile). Reports each curve's per-step loss difference from the reference's, and loose's from
 fused's, against the noise of bf16 training: |fused - torch| is what two exact implementations differ by (the
 largest step-to-step change of the torch curve is printed for scale). Writes JSON and a PNG of the curves.
 """
@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-IMPLS = ("torch", "fused", "loose")  # loss_impl torch | fused with filter exact | fused with filter loose
+IMPLS = ("torch", "fused", "loose", "none")  # loss_impl torch | fused with filter exact, loose or none
+FILTER_OF = {"torch": "exact", "fused": "exact", "loose": "loose", "none": "none"}
 
 
 def _init_one_rank() -> None:
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> dict:
             sft={"max_examples": args.steps * args.micro_batch, "max_seq_len": args.seq_len},
             train={"max_steps": args.steps, "micro_batch_size": args.micro_batch, "zero_stage": args.zero_stage,
                    "precision": args.precision, "loss_impl": "torch" if impl == "torch" else "fused",
-                   "loss_filter": "loose" if impl == "loose" else "exact", "warmup_ratio": 0.05,
+                   "loss_filter": FILTER_OF[impl], "warmup_ratio": 0.05,
                    "log_every": 1},
             eval={"tasks": []}))
         reports: list[dict] = []
@@ -92,7 +93,7 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for impl, style in zip(result["curves"], ("-", "--", ":")):
+    for impl, style in zip(result["curves"], ("-", "--", ":", "-.")):
         ax.plot(result["curves"][impl]["loss"], style, label=f"{impl} ({result['curves'][impl]['seconds']:.0f} s)")
     ax.set(xlabel="optimiser step", ylabel="train loss (label-smoothed)",
            title=f"{result['family']} beta={result['beta']} {result['precision']} on {result['device']}")
