@@ -58,6 +58,12 @@ def tile_statistics(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     return {"lse": lse, "entropy": entropy, "top": top, "tile_lse": tile_lse, "tile_max": tile_max}
 
 
+def _rule_name(budget: float) -> str:
+    """'2^-10 (exact)' for a filter's budget, '2^-6' for others."""
+    names = [f for f, mass in lce_filter.FILTER_MASS.items() if mass == budget]
+    return f"2^{int(torch.log2(torch.tensor(budget)))}" + (f" ({names[0]})" if names else "")
+
+
 def _dropped(stats: dict[str, torch.Tensor], kept_per_token: torch.Tensor) -> torch.Tensor:
     """Probability mass per token in the tiles at or after its kept count."""
     mass = (stats["tile_lse"][:, : kept_per_token.numel()] - stats["lse"]).double().exp()
@@ -88,7 +94,7 @@ def measure(folder: str, n_limit: int | None) -> dict:
             work = sum((r1 - r0) * (t1 - t0) for t0, t1, r0, r1 in pieces) / bn
             d = _dropped(stats, per_token)[valid]
             rows_out.append({
-                "rule": f"loose rule at 2^{int(torch.log2(torch.tensor(budget)))}", "tokens": order,
+                "rule": _rule_name(budget), "tokens": order,
                 "tiles computed": lce_filter.kept_share(kept, tiles), "piece work": work / (tiles * padded / bn),
                 "pieces": len(pieces),
                 "dropped mean": d.mean().item(), "dropped p99": d.quantile(0.99).item(), "dropped max": d.max().item(),
