@@ -23,6 +23,22 @@ KEPT_ELEMENTS = 8192  # (tiles x tokens) masses per step of a block's walk: many
 
 
 @triton.jit
+def _token_lse(LSE, VALID, tokens, real):
+    """(ok, LSE) of the tokens: ok where real and not ignored; LSE 0 elsewhere."""
+    ok = real & (tl.load(VALID + tokens, mask=real, other=0) != 0)
+    return ok, tl.load(LSE + tokens, mask=ok, other=0.0)
+
+
+@triton.jit
+def _masses(TLSE, stride_t, ts, t_ok, tokens, ok, lse):
+    """m[t, j] = exp(TLSE[ts[t], tokens[j]] - lse[j]) (float32) for tiles t_ok and tokens ok, else 0; nothing else
+    is read."""
+    both = t_ok[:, None] & ok[None, :]
+    x = tl.load(TLSE + ts.to(tl.int64)[:, None] * stride_t + tokens[None, :], mask=both, other=float("-inf"))
+    return tl.where(both, tl.exp(x - lse[None, :]), 0.0)
+
+
+@triton.jit
 def _cutoff_kernel(
     TLSE, LSE, VALID, CUTOFF, N, P, tiles, stride_t, mass,
     BLOCK_I: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -30,18 +46,14 @@ def _cutoff_kernel(
     """CUTOFF[i] = number of tiles t with sum_{s >= t} exp(TLSE[s, i] - LSE[i]) > mass (float32), for the program's
     BLOCK_I columns i < P of TLSE; 0 for ignored tokens and columns i >= N, whose TLSE is never read."""
     cols = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
-    real = cols < N
-    ok = real & (tl.load(VALID + cols, mask=real, other=0) != 0)
-    lse = tl.load(LSE + cols, mask=ok, other=0.0)
+    ok, lse = _token_lse(LSE, VALID, cols, cols < N)
     carry = tl.zeros((BLOCK_I,), dtype=tl.float32)  # mass in the tiles already walked
     count = tl.zeros((BLOCK_I,), dtype=tl.int32)
     steps = tl.cdiv(tiles, BLOCK_T)
     for step in range(0, steps):  # tile chunks from the last to the first
         ts = (steps - 1 - step) * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = ts < tiles
-        x = tl.load(TLSE + ts.to(tl.int64)[:, None] * stride_t + cols[None, :], mask=t_ok[:, None] & ok[None, :],
-                    other=float("-inf"))
-        m = tl.where(t_ok[:, None] & ok[None, :], tl.exp(x - lse[None, :]), 0.0)
+        m = _masses(TLSE, stride_t, ts, t_ok, cols, ok, lse)
         suffix = carry[None, :] + tl.cumsum(m, axis=0, reverse=True)
         count += tl.sum((t_ok[:, None] & (suffix > mass)).to(tl.int32), axis=0)
         carry += tl.sum(m, axis=0)
@@ -58,18 +70,14 @@ def _block_kept_kernel(
     b = tl.program_id(0)
     js = tl.arange(0, BLOCK_N)
     rows = tl.load(ROWS + b * block_n + js, mask=js < block_n, other=N)
-    real = rows < N
-    ok = real & (tl.load(VALID + rows, mask=real, other=0) != 0)
-    lse = tl.load(LSE + rows, mask=ok, other=0.0)
+    ok, lse = _token_lse(LSE, VALID, rows, rows < N)
     carry = tl.zeros((), dtype=tl.float64)  # block mass in the tiles already walked
     count = tl.zeros((), dtype=tl.int32)
     steps = tl.cdiv(tiles, BLOCK_T)
     for step in range(0, steps):  # tile chunks from the last to the first
         ts = (steps - 1 - step) * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = ts < tiles
-        x = tl.load(TLSE + ts.to(tl.int64)[:, None] * stride_t + rows[None, :], mask=t_ok[:, None] & ok[None, :],
-                    other=float("-inf"))
-        m = tl.where(t_ok[:, None] & ok[None, :], tl.exp(x - lse[None, :]), 0.0)
+        m = _masses(TLSE, stride_t, ts, t_ok, rows, ok, lse)
         block_mass = tl.max(m, axis=1).to(tl.float64)
         suffix = carry + tl.cumsum(block_mass, axis=0, reverse=True)
         count += tl.sum((t_ok & (suffix > mass)).to(tl.int32), axis=0)

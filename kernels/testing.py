@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from kernels.api import TORCH_BACKEND
+from kernels.filter import kept_per_token
 from kernels.function import LinearCrossEntropyFunction
 from kernels.reference import reference_cross_entropy
 
@@ -141,3 +142,21 @@ def assert_accurate(
             bound = (r - t).abs().max().item() + margin * scale
         bound += extra
         assert err <= bound, f"{name}: error {err:.3e} > bound {bound:.3e} (scale {scale:.3e}, {dtype})"
+
+
+def assert_plan_keeps_budget(rows: torch.Tensor, kept: torch.Tensor, mass: torch.Tensor, valid: torch.Tensor,
+                             budget: float, block_n: int) -> None:
+    """A filter plan's guarantee, in float64: rows a permutation of the padded rows, blocks ascending by kept
+    tiles, every token (mass: (tiles, n) float64 tile masses, 0 where ignored) dropping at most the budget, each
+    block keeping one tile fewer exceeding it, ignored and padding rows first."""
+    tiles, n = mass.shape
+    padded = rows.numel()
+    assert torch.equal(rows.sort().values, torch.arange(padded)) and (kept.diff() >= 0).all()
+    per_token = kept_per_token(rows, kept, n, block_n)
+    dropped = torch.where(torch.arange(tiles)[:, None] >= per_token[None, :], mass, 0.0).sum(dim=0)
+    assert dropped.max().item() <= budget
+    block_mass = torch.nn.functional.pad(mass, (0, padded - n))[:, rows].view(tiles, -1, block_n).amax(dim=2)
+    one_fewer = torch.stack([block_mass[k - 1 :, b].sum() for b, k in enumerate(kept.tolist()) if k > 0])
+    assert (one_fewer > budget).all()
+    first = rows[:block_n]
+    assert ((first >= n) | ~valid[first.clamp_max(n - 1)]).all()
