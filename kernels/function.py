@@ -3,7 +3,7 @@
 A backend supplies `forward(E, C, y, beta, ignore_index, softcap, filter) -> (loss, lse, p_target, p_max, saved)`
 (per token, float32; `saved`: O(N + V) tensors) and
 `backward(E, C, y, saved, g, beta, ignore_index, softcap, filter, need_dE, need_dC) -> (dE, dC)` (filter:
-"exact" or "loose", see kernels/filter.py).
+one of kernels.filter.FILTERS).
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def test_dense_filters_plan_nothing(filter_name: str, dtype: torch.dtype) -> Non
 
 @pytest.mark.parametrize(("dtype", "beta"), [(torch.bfloat16, 0.0), (torch.bfloat16, 0.3), (torch.float32, 0.3)])
 def test_softcap(dtype: torch.dtype, beta: float) -> None:
-    """beta > 0 takes the dense exact path (uniform part inside every tile); beta = 0 filters."""
+    """beta > 0 takes the dense path under the default filter (uniform part inside every tile); beta = 0 filters."""
     hidden, weight, targets = make_case(N, V, D, dtype, ignore_frac=0.1, seed=3)
     kw = dict(label_smoothing=beta, softcap=4.0, reduction="none")
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
