@@ -7,8 +7,9 @@ Liger's FusedLinearCrossEntropy and Cut Cross-Entropy (beta = 0 only: no smoothi
 gradient filter included); with --baseline MODULE also that module's linear_cross_entropy under each of its
 filters (an earlier version of kernels/, copied under another name), for a before/after in the same run. Each at
 beta 0 and 0.1, on inputs (bf16, no ignored tokens). As floors, the matrix products alone (no loss, `_GemmsOnly`):
-four GEMMs in our chunks (O(N) memory) and three with the logits kept (torch.compile's structure); on a power-
-limited GPU these, not peak TFLOP/s, bound what a design can reach.
+four GEMMs in our dense backward's chunks (O(N) memory), the same four each in one cuBLAS call (the floor of any
+design that recomputes the logits) and three with the logits kept (torch.compile's structure); on a power-limited
+GPU these, not peak TFLOP/s, bound what a design can reach.
 - random (at --n/--vocab/--dim, the paper's shape by default): E ~ N(0, 1), C ~ N(0, 1 / D): logits ~ N(0, 1),
   a flat softmax (the gradient filter skips nothing).
 - peaked (synthetic): CCE's trick, as kernels.testing.make_case: rows of E scaled to norm sqrt(D), distinct
@@ -94,17 +95,21 @@ def _eager(beta: float) -> Loss:
 
 class _GemmsOnly(torch.autograd.Function):
     """The matrix products of a fused loss without the loss, the floor a kernel's design can reach: forward
-    Z = E C^T, backward dE = dZ C and dC = dZ^T E with dZ = Z (no softmax, no filter). keep=False: Z in chunks
-    of our backward's shape, recomputed in the backward (four GEMMs, O(N) memory, like ours); keep=True: Z kept
+    Z = E C^T, backward dE = dZ C and dC = dZ^T E with dZ = Z (no softmax, no filter). mode "chunked": Z in
+    chunks, recomputed in the backward in the chunks of our dense backward (`backward.dense_chunks`: dZ in dC's
+    unwritten rows, then a dedicated buffer; four GEMMs, O(N) memory, like ours); "whole": the same four products
+    each in one cuBLAS call (Z recomputed whole: the floor of any design that recomputes, at 4 GB); "kept": Z kept
     whole (three GEMMs, torch.compile's structure). Returns 0 * Z[0, 0] so that backward() runs."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, keep: bool) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, mode: str) -> torch.Tensor:  # noqa: ANN001
         ctx.save_for_backward(hidden, weight)
-        ctx.z = hidden @ weight.T if keep else None
-        if keep:
-            return 0.0 * ctx.z[0, 0].float()
-        rows, cols = ctx.chunk = backward.chunk_shape(
+        ctx.mode = mode
+        if mode != "chunked":
+            z = hidden @ weight.T
+            ctx.z = z if mode == "kept" else None
+            return 0.0 * z[0, 0].float()
+        rows, cols = backward.chunk_shape(
             -(-hidden.shape[0] // forward.TILES.block_n), -(-weight.shape[0] // forward.TILES.block_v),
             hidden.shape[1], hidden.shape[0], hidden.element_size(), True,
         )
@@ -118,23 +123,45 @@ class _GemmsOnly(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
         hidden, weight = ctx.saved_tensors
-        if ctx.z is not None:
-            return ctx.z @ weight, ctx.z.T @ hidden, None
-        rows, cols = ctx.chunk
+        if ctx.mode != "chunked":
+            z = ctx.z if ctx.mode == "kept" else hidden @ weight.T
+            return z @ weight, z.T @ hidden, None
+        n, d = hidden.shape
         d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         d_weight = torch.empty_like(weight)
-        z = torch.empty(rows, cols, dtype=hidden.dtype, device=hidden.device)
-        for r0 in range(0, hidden.shape[0], rows):
-            for c0 in range(0, weight.shape[0], cols):
-                e, c = hidden[r0 : r0 + rows], weight[c0 : c0 + cols]
-                zc = z[: e.shape[0], : c.shape[0]]
+        dedicated = None
+        for chunk in backward.dense_chunks(n, weight.shape[0], d, hidden.element_size(), True, True):
+            c0, vc = chunk.c0, chunk.vc
+            c = weight[c0 : c0 + vc]
+            if chunk.workspace is not None:
+                space = d_weight.view(-1)[chunk.workspace :]
+            else:
+                dedicated = dedicated if dedicated is not None else hidden.new_empty(chunk.rows * vc)
+                space = dedicated
+            for r0 in range(0, n, chunk.rows):
+                e = hidden[r0 : r0 + chunk.rows]
+                zc = space.as_strided((e.shape[0], vc), (vc, 1))
                 torch.mm(e, c.T, out=zc)
                 if r0 == 0:
-                    torch.mm(zc.T, e, out=d_weight[c0 : c0 + cols])
+                    torch.mm(zc.T, e, out=d_weight[c0 : c0 + vc])
                 else:
-                    d_weight[c0 : c0 + cols].addmm_(zc.T, e)
-                torch.addmm(d_hidden[r0 : r0 + rows], zc, c, out_dtype=torch.float32, out=d_hidden[r0 : r0 + rows])
+                    d_weight[c0 : c0 + vc].addmm_(zc.T, e)
+                acc = d_hidden[r0 : r0 + chunk.rows]
+                torch.addmm(acc, zc, c, out_dtype=torch.float32, out=acc)
         return d_hidden.to(hidden.dtype), d_weight, None
+
+
+def _head_by_pointer(beta: float, filter: str) -> Loss:
+    """Ours with forward.GATHER_HEAD off: one forward launch reads the head's rows through the sorted order."""
+
+    def loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        forward.GATHER_HEAD = False
+        try:
+            return linear_cross_entropy(h, w, y, label_smoothing=beta, filter=filter)
+        finally:
+            forward.GATHER_HEAD = True
+
+    return loss
 
 
 def methods(beta: float, device: str, baseline: str | None = None) -> dict[str, Loss]:
@@ -143,6 +170,8 @@ def methods(beta: float, device: str, baseline: str | None = None) -> dict[str, 
         f"ours {f}": lambda h, w, y, f=f: linear_cross_entropy(h, w, y, label_smoothing=beta, filter=f)
         for f in FILTERS
     }
+    if device == "cuda":  # the filters' forward reading the sorted head in place instead of gathered copies
+        out.update({f"ours {f}, head by pointer": _head_by_pointer(beta, f) for f in ("exact", "loose")})
     if baseline:
         old = importlib.import_module(baseline)
         for f in importlib.import_module(f"{baseline}.api").FILTERS:
@@ -166,8 +195,9 @@ def methods(beta: float, device: str, baseline: str | None = None) -> dict[str, 
     out["torch eager"] = _eager(beta)
     out["torch.compile"] = torch.compile(_eager(beta))
     if device == "cuda" and beta == 0.0:  # the floors (no loss; the same products at either beta)
-        out["GEMMs only, 4 (chunked)"] = lambda h, w, y: _GemmsOnly.apply(h, w, False)
-        out["GEMMs only, 3 (logits kept)"] = lambda h, w, y: _GemmsOnly.apply(h, w, True)
+        out["GEMMs only, 4 (chunked)"] = lambda h, w, y: _GemmsOnly.apply(h, w, "chunked")
+        out["GEMMs only, 4 (whole)"] = lambda h, w, y: _GemmsOnly.apply(h, w, "whole")
+        out["GEMMs only, 3 (logits kept)"] = lambda h, w, y: _GemmsOnly.apply(h, w, "kept")
     return out
 
 
@@ -343,9 +373,9 @@ def run_all(args: argparse.Namespace) -> list[dict]:
             for name, result in results.items():
                 row = {"method": name, "input": label, "beta": beta, **shape, **result}
                 if "error" not in row and name.startswith("ours") and args.device == "cuda":
-                    row["active"] = active_share(inputs, beta, name.split()[1])
+                    row["active"] = active_share(inputs, beta, name.split()[1].rstrip(","))
                 if "error" not in row and name in ("ours exact", "ours loose") and args.device == "cuda":
-                    row.update(filter_changes(inputs, beta, name.split()[1]))
+                    row.update(filter_changes(inputs, beta, name.split()[1].rstrip(",")))
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "facts"}), flush=True)
             write(args.out, rows, args)
@@ -354,27 +384,38 @@ def run_all(args: argparse.Namespace) -> list[dict]:
 
 
 def run_tiles(args: argparse.Namespace) -> list[dict]:
-    """Our kernel (dense: filter none) under a few backward chunk and tile configurations, on every --inputs, beta 0
-    and 0.1 (the chunk sizes set how many host iterations the backward makes: few matter at small D)."""
-    configs = [  # the GEMM tiles that compile without register spills on sm_90 (128 x 128, 8 warps)
+    """Our kernel (dense: filter none) under a few backward chunk configurations, timed round-robin, on every
+    --inputs, beta 0 and 0.1:
+    the default, without chunks in dC's storage (workspace_vocab 0: the dedicated buffer only, the design before
+    2026-11-25e), narrower and wider chunks there, other dZ tile groups."""
+    configs = [
         backward.BackwardTiles(),
-        backward.BackwardTiles(dz_elements=1 << 23, chunk_vocab=2048),  # before 2026-11-24: 16 MiB dZ
-        backward.BackwardTiles(dz_elements=1 << 24, chunk_vocab=4096),
-        backward.BackwardTiles(chunk_vocab=8192),
-        backward.BackwardTiles(chunk_vocab=2048),
+        backward.BackwardTiles(workspace_vocab=0),
+        backward.BackwardTiles(workspace_vocab=16384),
+        backward.BackwardTiles(workspace_vocab=65536),
+        backward.BackwardTiles(dz_group_v=8),
+        backward.BackwardTiles(dz_group_v=32),
     ]
     rows = []
     for label, shape, inputs in make_all_inputs(args):
-        for bt in configs:
-            backward.TILES = bt
-            for beta in (0.0, 0.1):
+        for beta in (0.0, 0.1):
+            ours = methods(beta, args.device)["ours none"]
+
+            def under(bt: backward.BackwardTiles) -> Loss:
+                def loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                    backward.TILES = bt  # read by the backward, which runs before the next method's step
+                    return ours(h, w, y)
+
+                return loss
+
+            fns = {json.dumps(dataclasses.asdict(bt)): under(bt) for bt in configs}
+            results = measure_interleaved(fns, inputs, args.device, args.warmup, args.iters)
+            for bt in configs:
                 row = {"input": label, "beta": beta, **{k: v for k, v in shape.items() if k != "facts"},
-                       "backward_tiles": dataclasses.asdict(bt)}
-                row.update(measure_interleaved({"ours none": methods(beta, args.device)["ours none"]}, inputs,
-                                               args.device, args.warmup, args.iters)["ours none"])
+                       "backward_tiles": dataclasses.asdict(bt), **results[json.dumps(dataclasses.asdict(bt))]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                write(args.out, rows, args)
+            write(args.out, rows, args)
     backward.TILES = backward.BackwardTiles()
     return rows
 

@@ -14,12 +14,15 @@ With softcap, every part is multiplied by dz/du = 1 - (z / s)^2; the uniform par
 so with softcap and beta > 0 it is added inside every tile and nothing is filtered. Parts 2 and 3 (the target
 column and the label-smoothing term) are never filtered.
 
-Memory beyond the gradients: one (chunk_rows x chunk_vocab) dZ chunk in the input dtype and dE's float32
-accumulator, within TILES.extra_bytes together: at N = 8192, D = 640 (bf16) a 64 MiB dZ chunk (8192 x 4096) +
-20 MiB; at N = 8192, D = 2304 a 32 MiB chunk (4096 x 4096) + 72 MiB, 9% of the gradients. With a filter: the
-hidden states in the row order (N x D in their dtype), a dZ buffer of the dense chunk less them, and a 16 MiB
-buffer of a piece's head rows, then its dC rows. dC starts as the uniform part and gets one rounded add per row
-chunk (filtered: per piece), plus one for target rows.
+Memory beyond the gradients: one dedicated (chunk_rows x chunk_vocab) dZ chunk in the input dtype and dE's
+float32 accumulator, within TILES.extra_bytes together: at N = 8192, D = 640 (bf16) a 64 MiB dZ chunk (8192 x 4096)
++ 20 MiB; at N = 8192, D = 2304 a 32 MiB chunk (4096 x 4096) + 72 MiB, 9% of the gradients. The dense path first
+puts larger chunks of every row (up to TILES.workspace_vocab wide) in the rows of dC it has not written yet
+(`dense_chunks`): at N = 8192, D = 2304 chunks of 32768 down to 2304 cover 97% of the vocabulary, each dC row is
+written once (uniform part + dZ^T E) and dE's accumulator is read and written 21 times instead of 126. With a
+filter: the hidden states in the row order (N x D in their dtype), a dZ buffer of the dense chunk less them, and a
+16 MiB buffer of a piece's head rows, then its dC rows; dC starts as the uniform part and gets one rounded write
+per piece. Every dC row gets one more rounded add for target rows.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ class BackwardTiles:
     extra_bytes: int = 104 << 20  # dZ chunk + float32 dE accumulator: 84 MiB at D = 640, 104 MiB at D = 2304
     dz_elements: int = 1 << 25  # largest dZ chunk (chunk rows x chunk_vocab): 64 MiB in bf16
     chunk_vocab: int = 4096  # multiple of block_v; dE is read and written once per vocabulary chunk
+    workspace_vocab: int = 32768  # widest vocabulary chunk whose dZ lives in dC's unwritten rows (dense path)
     dz_block_v: int = 256  # vocabulary width of a dZ recompute tile; divides the filter tile (forward block_v)
+    dz_group_v: int = 16  # dZ tiles of a chunk taken in groups this wide over all its rows (the head group in L2)
     dz_stages: int = 3
 
 
@@ -64,20 +69,25 @@ def _dz_kernel(
     N, V, D, r0, row_tiles, c0, vc, c_off, stride_en, stride_ed, stride_cv, stride_cd, stride_dz,
     beta_over_v, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    MASK_V: tl.constexpr, FILTERING: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DENSE_UNIFORM: tl.constexpr,
-    E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GROUP_V: tl.constexpr, MASK_V: tl.constexpr, FILTERING: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    DENSE_UNIFORM: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
     softcap) for rows i (of E, LSE, G, Y) and vocabulary positions j of the (row_tiles x vc) chunk starting at row
     r0, position c0, v = PERM[j] (v = j without FILTERING), program p taking tiles p, p + programs, ... in one
-    flattened loop (the next tile's loads overlap this one's softmax); C holds the head rows of positions c_off,
-    c_off + 1, ... With FILTERING, tiles of row block b at filter tiles (MASK_V wide) >= KEPT[b] are not computed
-    and written as zeros."""
+    flattened loop (the next tile's loads overlap this one's softmax); tiles are numbered by groups of GROUP_V
+    vocabulary tiles, each over all rows (so a wave reads one group of head rows, which stays in L2); C holds the
+    head rows of positions c_off, c_off + 1, ... With FILTERING, tiles of row block b at filter tiles (MASK_V
+    wide) >= KEPT[b] are not computed and written as zeros."""
     tiles_v = tl.cdiv(vc, BLOCK_V)
     k_tiles = tl.cdiv(D, BLOCK_K)
     for tile in tl.range(tl.program_id(0), row_tiles * tiles_v, tl.num_programs(0), flatten=True):
-        tn = tile // tiles_v
-        tv = tile % tiles_v
+        first_v = tile // (row_tiles * GROUP_V) * GROUP_V
+        width = tl.minimum(tiles_v - first_v, GROUP_V)
+        in_group = tile - first_v * row_tiles
+        tn = in_group // width
+        tv = first_v + in_group % width
         rows = r0 + tn * BLOCK_N + tl.arange(0, BLOCK_N)
         pos = c0 + tv * BLOCK_V + tl.arange(0, BLOCK_V)
         row_ok = rows < N
@@ -239,9 +249,11 @@ def triton_backward(
     d_weight = uniform_row = None
     if need_weight_grad and rank_one_uniform:
         uniform_row = (-(beta / vocab) * weighted_colsum(hidden, g)).to(weight.dtype)
-        d_weight = uniform_row.expand(vocab, d).contiguous()
-    elif need_weight_grad:
-        d_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    if need_weight_grad and (stairs is not None or n == 0):  # the staircase writes the kept rows only
+        d_weight = (uniform_row.expand(vocab, d).contiguous() if uniform_row is not None
+                    else torch.zeros_like(weight, memory_format=torch.contiguous_format))
+    elif need_weight_grad:  # the dense path writes every row (and uses the rows it has not written yet)
+        d_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
     if stairs is not None:  # one host sync
         kept_host = plan.get()
@@ -250,7 +262,7 @@ def triton_backward(
         else:  # little dropped: dense, in the natural orders
             rows, stairs = rows[:0], None
     if stairs is None and n > 0:
-        _dense_part(hidden, weight, y, lse, g, gscale, d_weight, acc, beta, softcap, alpha)
+        _dense_part(hidden, weight, y, lse, g, gscale, d_weight, uniform_row, acc, beta, softcap, alpha)
     d_hidden = None
     if acc is not None:
         cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
@@ -289,14 +301,54 @@ def _accumulate_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: 
 
 
 def chunk_shape(row_blocks: int, num_vtiles: int, d: int, n: int, itemsize: int, has_acc: bool) -> tuple[int, int]:
-    """(chunk rows, chunk vocabulary) of the dense path's dZ chunk: TILES.chunk_vocab wide (at most the
-    vocabulary), as many whole row blocks as TILES.dz_elements and TILES.extra_bytes less the float32 dE
-    accumulator allow (at least one)."""
+    """(chunk rows, chunk vocabulary) of a dedicated dZ buffer: TILES.chunk_vocab wide (at most the vocabulary), as
+    many whole row blocks as TILES.dz_elements and TILES.extra_bytes less the float32 dE accumulator allow (at
+    least one)."""
     ft, bt = forward.TILES, TILES
     chunk_vocab = min(bt.chunk_vocab, num_vtiles * ft.block_v)
     acc_bytes = 4 * n * d if has_acc else 0
     elements = min(bt.dz_elements, (bt.extra_bytes - acc_bytes) // itemsize)
     return min(row_blocks, max(1, elements // (chunk_vocab * ft.block_n))) * ft.block_n, chunk_vocab
+
+
+# Element alignment of a dZ chunk placed in dC's storage (128 bytes in 16-bit types).
+WORKSPACE_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class DenseChunk:
+    """Vocabulary positions [c0, c0 + vc) over rows taken `rows` at a time; dZ lives at element `workspace` of dC's
+    storage (behind the chunk's own dC rows, not yet written), or in the dedicated buffer (workspace None)."""
+
+    c0: int
+    vc: int
+    rows: int
+    workspace: int | None
+
+
+def dense_chunks(n: int, vocab: int, d: int, itemsize: int, has_acc: bool, has_dc: bool) -> list[DenseChunk]:
+    """The dense path's vocabulary chunks, in order. With dC computed (has_dc), chunk c0 writes dC rows
+    [c0, c0 + vc) only, so rows [c0 + vc, V) hold nothing yet: while a chunk of every row, up to
+    TILES.workspace_vocab wide, fits at the end of that space (padded rows x vc <= (V - c0 - vc) d) and is larger
+    than the dedicated chunk, its dZ lives there, each of its dC rows is written once and dE's float32 accumulator
+    is read and written once for it. The rest of the vocabulary (all of it without dC) goes through the dedicated
+    buffer of `chunk_shape`."""
+    ft, bt = forward.TILES, TILES
+    row_blocks = triton.cdiv(n, ft.block_n)
+    ded_rows, ded_vocab = chunk_shape(row_blocks, triton.cdiv(vocab, ft.block_v), d, n, itemsize, has_acc)
+    padded_rows, tile = row_blocks * ft.block_n, bt.dz_block_v
+    out: list[DenseChunk] = []
+    c0 = 0
+    while has_dc and n > 0:
+        room = (vocab - c0) * d - WORKSPACE_ALIGN  # elements of dC from row c0 on, less the alignment
+        vc = min(bt.workspace_vocab, room // (padded_rows + d)) // tile * tile  # vc rows of dC + its dZ fit
+        if vc * padded_rows <= ded_rows * ded_vocab:
+            break
+        size = padded_rows * vc
+        out.append(DenseChunk(c0, vc, padded_rows, (vocab * d - size) // WORKSPACE_ALIGN * WORKSPACE_ALIGN))
+        c0 += vc
+    out += [DenseChunk(c, min(ded_vocab, vocab - c), ded_rows, None) for c in range(c0, vocab, ded_vocab)]
+    return out
 
 
 @dataclass
@@ -327,7 +379,7 @@ class _Recompute:
         # every argument after the launch's own (r0, row_tiles, c0, vc, c_off, dZ row stride), constexprs included
         self.tail_args = (
             self.beta / self.vocab, self.softcap or 1.0, ft.block_n, bt.dz_block_v, ft.block_k,
-            self.e.shape[1] % ft.block_k == 0, ft.block_v, filtering, self.softcap is not None,
+            self.e.shape[1] % ft.block_k == 0, bt.dz_group_v, ft.block_v, filtering, self.softcap is not None,
             self.softcap is not None and self.beta > 0.0, e_tma, c_tma, *dot_flags(self.e.dtype).values(),
         )
         self.strides = (*self.e.stride(), *self.head.stride())
@@ -352,29 +404,46 @@ class _Recompute:
 
 def _dense_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-    gscale: torch.Tensor, d_weight: torch.Tensor | None, acc: torch.Tensor | None, beta: float, softcap: float | None,
-    alpha: float,
+    gscale: torch.Tensor, d_weight: torch.Tensor | None, uniform_row: torch.Tensor | None, acc: torch.Tensor | None,
+    beta: float, softcap: float | None, alpha: float,
 ) -> None:
-    """dC += (softmax part)^T E and acc += alpha (softmax part) C (acc float32) over every row and tile, in the
-    natural orders (rows of acc: tokens): vocabulary chunks outside, rows inside, the head read in place."""
+    """dC = uniform_row (or 0) + (softmax part)^T E (every row of dC written; its contents on entry unused) and
+    acc += alpha (softmax part) C (acc float32) over every row and tile, in the natural orders (rows of acc:
+    tokens): the chunks of `dense_chunks`, rows inside, the head read in place."""
     n, d = hidden.shape
     vocab = weight.shape[0]
-    ft = forward.TILES
-    chunk_rows, chunk_vocab = chunk_shape(
-        triton.cdiv(n, ft.block_n), triton.cdiv(vocab, ft.block_v), d, n, hidden.element_size(), acc is not None,
-    )
-    dz = torch.empty(chunk_rows, chunk_vocab, dtype=hidden.dtype, device=hidden.device)
+    chunks = dense_chunks(n, vocab, d, hidden.element_size(), acc is not None, d_weight is not None)
     recompute = _Recompute(hidden, y, lse, g, gscale, weight, None, None, vocab, beta, softcap)
-    for c0 in range(0, vocab, chunk_vocab):
-        vc = min(chunk_vocab, vocab - c0)
-        for r0 in range(0, n, chunk_rows):
-            nr = min(chunk_rows, n - r0)
+    dedicated = None
+    for chunk in chunks:
+        c0, vc = chunk.c0, chunk.vc
+        stride = triton.cdiv(vc, TILES.dz_block_v) * TILES.dz_block_v  # the kernel writes whole tiles
+        if chunk.workspace is not None:
+            space = d_weight.view(-1)[chunk.workspace :]
+        else:
+            dedicated = dedicated if dedicated is not None else torch.empty(
+                chunk.rows * stride, dtype=hidden.dtype, device=hidden.device)
+            space = dedicated
+        for r0 in range(0, n, chunk.rows):
+            nr = min(chunk.rows, n - r0)
+            dz = space.as_strided((nr, vc), (stride, 1))
             recompute(dz, r0, nr, c0, vc, 0)
-            dz_chunk = dz[:nr, :vc]
-            if d_weight is not None:  # d_weight holds u and earlier row chunks: one rounding per row chunk
-                d_weight[c0 : c0 + vc].addmm_(dz_chunk.T, hidden[r0 : r0 + nr], alpha=alpha)
+            if d_weight is not None:
+                _add_dc(d_weight[c0 : c0 + vc], dz, hidden[r0 : r0 + nr], uniform_row, alpha, r0 == 0)
             if acc is not None:
-                _accumulate_f32(acc[r0 : r0 + nr], dz_chunk, weight[c0 : c0 + vc], alpha)
+                _accumulate_f32(acc[r0 : r0 + nr], dz, weight[c0 : c0 + vc], alpha)
+
+
+def _add_dc(out: torch.Tensor, dz: torch.Tensor, e: torch.Tensor, uniform_row: torch.Tensor | None, alpha: float,
+            first: bool) -> None:
+    """out = uniform_row (or 0) + alpha dz^T e where first (out's contents unused), else out += alpha dz^T e:
+    cuBLAS sums in float32, one rounding per call."""
+    if not first:
+        out.addmm_(dz.T, e, alpha=alpha)
+    elif uniform_row is not None:
+        torch.addmm(uniform_row, dz.T, e, alpha=alpha, out=out)
+    else:  # beta = 0: out is not read (nan there stays out)
+        torch.addmm(out, dz.T, e, beta=0.0, alpha=alpha, out=out)
 
 
 def piece_budget(n_rows: int, vocab: int, d: int, itemsize: int, has_acc: bool) -> tuple[int, int]:
@@ -441,13 +510,7 @@ class _Staircase:
                 recompute(dz, r0, r1 - r0, c0, vc, c0)
                 if acc is not None:
                     _accumulate_f32(acc[r0:r1], dz, head, alpha)
-                if d_weight is None:
-                    continue
-                if k > 0:
-                    part.addmm_(dz.T, e[r0:r1], alpha=alpha)
-                elif uniform_row is not None:
-                    torch.addmm(uniform_row, dz.T, e[r0:r1], alpha=alpha, out=part)
-                else:
-                    torch.addmm(part, dz.T, e[r0:r1], beta=0.0, alpha=alpha, out=part)
+                if d_weight is not None:
+                    _add_dc(part, dz, e[r0:r1], uniform_row, alpha, k == 0)
             if d_weight is not None:
                 d_weight.index_copy_(0, ids, part)

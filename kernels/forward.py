@@ -43,12 +43,13 @@ def _lse_forward_kernel(
     N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, tiles_per_split,
     stride_tlse, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, E_TMA: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, HEAD_BY_PERM: tl.constexpr, E_TMA: tl.constexpr,
     C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs; results of split s go to row
     split_lo + s of M_out, S_out, ZSUM_out. C holds the rows of positions c_off, c_off + 1, ... (the whole head,
-    c_off = 0, or a gathered span of it). E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile)."""
+    c_off = 0, or a gathered span of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j]
+    (pointer loads). E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile)."""
     pid = tl.program_id(0)
     num_rblocks = tl.cdiv(N, BLOCK_N)
     rblock = pid % num_rblocks  # neighbouring programs share vocabulary tiles (L2 reuse of C)
@@ -67,14 +68,14 @@ def _lse_forward_kernel(
     for t in tl.range(t_begin, t_end, flatten=True):  # one pipelined (tile, k) loop: loads overlap the softmax
         pos = t * BLOCK_V + tl.arange(0, BLOCK_V)
         col_ok = pos < V
-        z = logits_tile(
-            E, C, rows_c, tl.minimum(pos, V - 1) - c_off, rblock * BLOCK_N, t * BLOCK_V - c_off, D,
-            tl.cdiv(D, BLOCK_K), stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA,
-            C_TMA, DOT_UPCAST, DOT_PRECISION,
-        )
-        cols = pos
+        cols = tl.minimum(pos, V - 1)
         if FILTERING:  # tile positions -> vocabulary ids
-            cols = tl.load(PERM + tl.minimum(pos, V - 1))
+            cols = tl.load(PERM + cols)
+        z = logits_tile(
+            E, C, rows_c, cols if HEAD_BY_PERM else tl.minimum(pos, V - 1) - c_off, rblock * BLOCK_N,
+            t * BLOCK_V - c_off, D, tl.cdiv(D, BLOCK_K), stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V,
+            BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST, DOT_PRECISION,
+        )
         if HAS_SOFTCAP:
             z = softcap_fn(z, softcap)
         z_sum += tl.sum(tl.where(col_ok[None, :], z, 0.0), axis=1)
@@ -139,6 +140,9 @@ def choose_splits(n: int, row_blocks: int, vocab_tiles: int, sms: int) -> int:
 
 # Bytes of a contiguous copy of permuted head rows (with a filter) that one forward launch reads by TMA.
 GATHER_BYTES = 64 << 20
+# With a filter: True, the permuted head is copied in spans of GATHER_BYTES, one launch each; False, one launch
+# reads the head's rows through the permutation by pointer loads (no copies).
+GATHER_HEAD = True
 
 
 def position_spans(vocab: int, row_bytes: int, block_v: int, permuted: bool) -> list[tuple[int, int]]:
@@ -177,7 +181,8 @@ def triton_forward(
         order = torch.argsort(torch.mv(weight, mean_hidden).float(), descending=True)
     # (span, first tile, end tile, tiles per split, first split) of each launch; each has its own splits
     launches, total_splits = [], 0
-    for p0, p1 in position_spans(vocab, d * weight.element_size(), t.block_v, filtering):
+    by_perm = filtering and not GATHER_HEAD
+    for p0, p1 in position_spans(vocab, d * weight.element_size(), t.block_v, filtering and not by_perm):
         tile_lo, tile_hi = p0 // t.block_v, triton.cdiv(p1, t.block_v)
         splits = choose_splits(n, row_blocks, tile_hi - tile_lo, num_sms(dev))
         tiles_per_split = triton.cdiv(tile_hi - tile_lo, splits)
@@ -190,8 +195,8 @@ def triton_forward(
     tile_lse = torch.empty(vocab_tiles if filtering else 0, padded, dtype=torch.float32, device=dev)
     e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
     for (p0, p1), tile_lo, tile_hi, tiles_per_split, split_lo in launches if n > 0 else ():
-        head = weight if not filtering else weight.index_select(0, order[p0:p1])  # row j: position p0 + j
-        c_arg, c_tma = tma_operand(head, [t.block_v, t.block_k])
+        head = weight if not filtering or by_perm else weight.index_select(0, order[p0:p1])  # row j: position p0 + j
+        c_arg, c_tma = (head, False) if by_perm else tma_operand(head, [t.block_v, t.block_k])
         programs = row_blocks * triton.cdiv(tile_hi - tile_lo, tiles_per_split)
         _lse_forward_kernel[(programs,)](
             e_arg, c_arg, targets, order if filtering else targets, m_part, s_part, zsum_part,
@@ -199,7 +204,7 @@ def triton_forward(
             n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, tiles_per_split,
             padded, softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, FILTERING=filtering,
-            E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps,
+            HEAD_BY_PERM=by_perm, E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps,
             num_stages=t.num_stages if hidden.element_size() == 2 else 2, **tl_args,  # float32: 96 KiB a stage
         )
     valid = targets != ignore_index

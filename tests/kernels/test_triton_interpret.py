@@ -77,6 +77,37 @@ def test_matches_reference(dtype: torch.dtype, beta: float, reduction: str) -> N
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
+@pytest.mark.parametrize(("dtype", "beta", "frozen"), [
+    (torch.bfloat16, 0.1, None), (torch.float16, 0.1, None), (torch.float32, 0.0, None),
+    (torch.bfloat16, 0.1, "hidden"), (torch.bfloat16, 0.1, "weight"),
+])
+def test_dense_dz_in_dc_storage(dtype: torch.dtype, beta: float, frozen: str | None,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dense path with dZ chunks in the rows of dC not yet written (N = 200, V = 1500, D = 192: chunks 512,
+    256, 256 wide there, the rest through a dedicated 128 x 256 buffer, two row chunks each); dZ tiles taken in
+    groups of 2 vocabulary tiles. A frozen weight (no dC) takes the dedicated buffer only (dE as accurate, summed
+    in another order); a frozen hidden state (no dE accumulator) leaves dC the same."""
+    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(
+        dz_elements=128 * 256, chunk_vocab=256, workspace_vocab=512, dz_group_v=2))
+    n, vocab, d = 200, 1500, 192
+    chunks = backward.dense_chunks(n, vocab, d, 2, True, True)
+    assert [c.vc for c in chunks if c.workspace is not None] == [512, 256, 256]
+    assert all(c.rows == 128 for c in chunks if c.workspace is None)
+    hidden, weight, targets = make_case(n, vocab, d, dtype, ignore_frac=0.1, seed=21)
+    kw = dict(label_smoothing=beta, filter="none")
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, label_smoothing=beta), dtype)
+    if frozen is not None:
+        h = hidden.clone().requires_grad_(frozen != "hidden")
+        w = weight.clone().requires_grad_(frozen != "weight")
+        linear_cross_entropy(h, w, targets, **kw).backward()
+        if frozen == "hidden":
+            assert torch.equal(w.grad.double(), ours[2])
+        else:
+            assert_accurate((ours[0], h.grad.double(), ours[2]),
+                            *truth_and_torch(hidden, weight, targets, label_smoothing=beta), dtype)
+
+
 @pytest.mark.parametrize(("filter_name", "dtype"), [("none", torch.bfloat16), ("exact", torch.float32)])
 def test_dense_filters_plan_nothing(filter_name: str, dtype: torch.dtype) -> None:
     """filter="none", and "exact" on float32 inputs: no sorted vocabulary, no row order, every tile computed
@@ -124,12 +155,12 @@ def _block_masses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     return mass.view(-1, bn, mass.shape[1]).amax(dim=1)
 
 
-@pytest.mark.parametrize(("filter_name", "beta", "dz_block_v", "dz_rows", "chunk_vocab"), [
-    ("loose", 0.0, 256, 128, 512), ("loose", 0.1, 128, 384, 512), ("exact", 0.0, 256, 128, 512),
-    ("exact", 0.1, 256, 384, 1024),
+@pytest.mark.parametrize(("filter_name", "beta", "dz_block_v", "dz_rows", "chunk_vocab", "gather_head"), [
+    ("loose", 0.0, 256, 128, 512, True), ("loose", 0.1, 128, 384, 512, True), ("exact", 0.0, 256, 128, 512, True),
+    ("exact", 0.1, 256, 384, 1024, True), ("exact", 0.0, 256, 128, 512, False),
 ])
 def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
-    filter_name: str, beta: float, dz_block_v: int, dz_rows: int, chunk_vocab: int,
+    filter_name: str, beta: float, dz_block_v: int, dz_rows: int, chunk_vocab: int, gather_head: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The plan (kernels/filter.py) against float64 tile masses: blocks ascending by kept tiles K_b, the dropped
@@ -137,7 +168,8 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     The kernel then computes exactly the float64 gradient with the dropped tiles' softmax part removed (target
     and label-smoothing parts kept), at most the budget dropped per token, within the filter's tolerance of the
     plain truth. Small chunks: several row and vocabulary chunks, later chunks kept by trailing blocks only; the
-    forward reads the sorted head in three gathered spans of one tile (GATHER_BYTES), by TMA; dZ tiles half a
+    forward reads the sorted head in three gathered spans of one tile (GATHER_BYTES), by TMA, or (gather_head
+    False) through the permutation by pointer loads; dZ tiles half a
     filter tile wide (dz_block_v 128); filter="loose" (2^-8) and "exact" (2^-10). The dZ budget (the dense chunk
     dz_rows x chunk_vocab less the 384 x 256 hidden states, at least half of it): 128 x 256 splits the rows of a
     vocabulary tile into pieces (their dC rows summed in the second buffer); 384 x 256 takes a tile per piece;
@@ -145,6 +177,7 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=dz_rows * chunk_vocab,
                                                                   chunk_vocab=chunk_vocab, dz_block_v=dz_block_v))
     monkeypatch.setattr(forward, "GATHER_BYTES", 1)
+    monkeypatch.setattr(forward, "GATHER_HEAD", gather_head)
     assert forward.position_spans(V, 256 * 2, 256, permuted=True) == [(0, 256), (256, 512), (512, V)]
     budget = lce_filter.filter_mass(filter_name, torch.bfloat16)
     hidden, weight, targets = _mixed_case(torch.bfloat16)

@@ -1,0 +1,42 @@
+"""The dense backward's chunk schedule (kernels.backward.dense_chunks): pure arithmetic, no kernels."""
+
+from __future__ import annotations
+
+import pytest
+import triton
+
+from kernels import backward, forward
+
+
+@pytest.mark.parametrize(("n", "vocab", "d"), [(8192, 256000, 2304), (8192, 262144, 640), (8192, 49152, 576),
+                                               (1000, 50000, 520), (300, 700, 40), (1, 300, 64)])
+@pytest.mark.parametrize("has_dc", [True, False])
+def test_chunks_cover_the_vocabulary_and_dz_never_meets_written_dc(n: int, vocab: int, d: int, has_dc: bool) -> None:
+    chunks = backward.dense_chunks(n, vocab, d, 2, True, has_dc)
+    padded = triton.cdiv(n, forward.TILES.block_n) * forward.TILES.block_n
+    ded_rows, ded_vocab = backward.chunk_shape(padded // forward.TILES.block_n, triton.cdiv(vocab, 256), d, n, 2, True)
+    assert chunks[0].c0 == 0 and chunks[-1].c0 + chunks[-1].vc == vocab
+    assert all(a.c0 + a.vc == b.c0 for a, b in zip(chunks, chunks[1:]))
+    in_dc = [c for c in chunks if c.workspace is not None]
+    assert chunks[: len(in_dc)] == in_dc  # the chunks in dC's storage come first
+    for c in in_dc:
+        tile = backward.TILES.dz_block_v
+        assert c.rows == padded and c.vc % tile == 0 and c.vc <= backward.TILES.workspace_vocab
+        assert c.vc * padded > ded_rows * ded_vocab  # larger than the dedicated chunk
+        # dZ (padded rows x vc, whole tiles) lies behind the rows of dC written so far, inside dC, 128-byte aligned
+        assert c.workspace >= (c.c0 + c.vc) * d and c.workspace + padded * c.vc <= vocab * d
+        assert c.workspace % backward.WORKSPACE_ALIGN == 0
+    assert [c.vc for c in in_dc] == sorted((c.vc for c in in_dc), reverse=True)
+    for c in chunks[len(in_dc):]:
+        assert c.rows == ded_rows and c.vc <= ded_vocab
+    if not has_dc:
+        assert not in_dc
+
+
+def test_paper_shape_reads_the_de_accumulator_far_less_often() -> None:
+    """N = 8192, V = 256000, D = 2304 (bf16): dE's float32 accumulator is read and written once per (chunk, row
+    chunk); the dedicated 4096 x 4096 chunks alone take 126 of them, dC's storage brings it under 30."""
+    n, vocab, d = 8192, 256000, 2304
+    passes = sum(triton.cdiv(n, c.rows) for c in backward.dense_chunks(n, vocab, d, 2, True, True))
+    dedicated = sum(triton.cdiv(n, c.rows) for c in backward.dense_chunks(n, vocab, d, 2, True, False))
+    assert dedicated == 126 and passes < 30
