@@ -65,7 +65,7 @@ GATHER_BUFFER_BYTES = 16 << 20
 
 @triton.jit(do_not_specialize=["row_tiles", "vc"])  # one compiled kernel for every launch of a backward
 def _dz_kernel(
-    E, C, Y, PERM, LSE, G, GSCALE, KEPT, DZ,
+    E, C, Y, LSE, G, GSCALE, KEPT, DZ,
     N, V, D, r0, row_tiles, c0, vc, c_off, stride_en, stride_ed, stride_cv, stride_cd, stride_dz,
     beta_over_v, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
@@ -75,7 +75,8 @@ def _dz_kernel(
 ):
     """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
     softcap) for rows i (of E, LSE, G, Y) and vocabulary positions j of the (row_tiles x vc) chunk starting at row
-    r0, position c0, v = PERM[j] (v = j without FILTERING), program p taking tiles p, p + programs, ... in one
+    r0, position c0 (v: the entry at position j; Y holds the targets' positions), program p taking tiles p,
+    p + programs, ... in one
     flattened loop (the next tile's loads overlap this one's softmax); tiles are numbered by groups of GROUP_V
     vocabulary tiles, each over all rows (so a wave reads one group of head rows, which stays in L2); C holds the
     head rows of positions c_off, c_off + 1, ... With FILTERING, tiles of row block b at filter tiles (MASK_V
@@ -94,11 +95,9 @@ def _dz_kernel(
         col_ok = pos < V
         active = True
         n_k = k_tiles
-        cols = pos
         if FILTERING:
             active = (c0 + tv * BLOCK_V) // MASK_V < tl.load(KEPT + r0 // BLOCK_N + tn)
             n_k = tl.where(active, k_tiles, 0)
-            cols = tl.load(PERM + tl.minimum(pos, V - 1))
         z = logits_tile(
             E, C, tl.minimum(rows, N - 1), tl.minimum(pos, V - 1) - c_off, r0 + tn * BLOCK_N,
             c0 + tv * BLOCK_V - c_off, D, n_k, stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K,
@@ -109,7 +108,7 @@ def _dz_kernel(
         lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
         g = tl.load(G + rows, mask=row_ok, other=0.0) / tl.load(GSCALE)
         y = tl.load(Y + rows, mask=row_ok, other=-1)
-        dz = tl.where(col_ok[None, :] & (cols[None, :] != y[:, None]), tl.exp(z - lse[:, None]), 0.0)
+        dz = tl.where(col_ok[None, :] & (pos[None, :] != y[:, None]), tl.exp(z - lse[:, None]), 0.0)
         if DENSE_UNIFORM:
             dz = tl.where(col_ok[None, :], dz - beta_over_v, 0.0)
         dz = dz * g[:, None]
@@ -354,7 +353,7 @@ def dense_chunks(n: int, vocab: int, d: int, itemsize: int, has_acc: bool, has_d
 @dataclass
 class _Recompute:
     """What every dZ launch of one backward shares: rows (E, LSE, G, Y in the row order), the head operand (the
-    whole head, or a buffer of gathered rows), the vocabulary order and kept tiles (with a filter)."""
+    whole head, or a buffer of gathered rows), the kept tiles (with a filter)."""
 
     e: torch.Tensor
     y: torch.Tensor
@@ -362,7 +361,6 @@ class _Recompute:
     g: torch.Tensor
     gscale: torch.Tensor
     head: torch.Tensor
-    order: torch.Tensor | None
     kept: torch.Tensor | None
     vocab: int
     beta: float
@@ -373,8 +371,7 @@ class _Recompute:
         e_arg, e_tma = tma_operand(self.e, [ft.block_n, ft.block_k])
         c_arg, c_tma = tma_operand(self.head, [bt.dz_block_v, ft.block_k])
         filtering = self.kept is not None
-        self.head_args = (e_arg, c_arg, self.y, self.order if filtering else self.y, self.lse, self.g, self.gscale,
-                          self.kept if filtering else self.y)
+        self.head_args = (e_arg, c_arg, self.y, self.lse, self.g, self.gscale, self.kept if filtering else self.y)
         self.sizes = (self.e.shape[0], self.vocab, self.e.shape[1])
         # every argument after the launch's own (r0, row_tiles, c0, vc, c_off, dZ row stride), constexprs included
         self.tail_args = (
@@ -413,7 +410,7 @@ def _dense_part(
     n, d = hidden.shape
     vocab = weight.shape[0]
     chunks = dense_chunks(n, vocab, d, hidden.element_size(), acc is not None, d_weight is not None)
-    recompute = _Recompute(hidden, y, lse, g, gscale, weight, None, None, vocab, beta, softcap)
+    recompute = _Recompute(hidden, y, lse, g, gscale, weight, None, vocab, beta, softcap)
     dedicated = None
     for chunk in chunks:
         c0, vc = chunk.c0, chunk.vc
@@ -476,13 +473,14 @@ class _Staircase:
         real = rows < n  # padding rows (index >= n) get g = 0
         src = torch.where(real, rows, 0)
         self.e = hidden.index_select(0, src)
+        y = forward.target_positions(order, y)  # the kernel compares vocabulary positions
         lse, y, g = lse[src], torch.where(real, y[src], -1), torch.where(real, g[src], 0.0)
         self.elements, self.max_tiles = piece_budget(self.e.shape[0], weight.shape[0], d, hidden.element_size(),
                                                      has_acc)
         self.head_buf = torch.empty(self.max_tiles * ft.block_v, d, dtype=weight.dtype, device=weight.device)
         self.dz_flat = torch.empty(self.elements, dtype=hidden.dtype, device=hidden.device)
         self.order = order
-        self.recompute = _Recompute(self.e, y, lse, g, gscale, self.head_buf, order, kept, weight.shape[0], beta,
+        self.recompute = _Recompute(self.e, y, lse, g, gscale, self.head_buf, kept, weight.shape[0], beta,
                                     softcap)
 
     def run(self, kept_host: np.ndarray, weight: torch.Tensor, d_weight: torch.Tensor | None,

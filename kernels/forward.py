@@ -4,8 +4,10 @@ For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s *
 - `_lse_forward_kernel`: program (row block, vocabulary split) walks its vocabulary tiles and keeps the online
   max m and sum s = sum exp(z - m) over v != y, plus sum_v z_iv (all v). For the backward's gradient filter
   (kernels/filter.py), with FILTERING tile position j holds vocabulary entry PERM[j] (the vocabulary sorted so
-  that likely tokens share tiles) and each row's log-sum-exp of each tile's non-target logits is stored,
-  (tiles, N).
+  that likely tokens share tiles), the targets come as positions, and each row's log-sum-exp of each tile's
+  non-target logits is stored, (tiles, N). The loop compares positions and never loads PERM (with the head read
+  in place it loads C's rows through it): ids loaded per tile stay live through the product and made ptxas spill
+  (646 spills at 255 registers, 30x slower, on an H100 on 2026-11-25).
 - `_target_logit_kernel`: z_iy, one dot product per token.
 - `triton_forward` combines the splits: LSE_i = logaddexp(m + log s, z_iy) and
   loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv.
@@ -56,7 +58,8 @@ def _lse_forward_kernel(
     split = pid // num_rblocks
     rows = rblock * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    y = tl.load(T + rows, mask=row_ok, other=ignore_index)  # raw targets: nothing to prepare before the launch
+    # raw targets (nothing to prepare before the launch), or with FILTERING their positions (-1: none)
+    y = tl.load(T + rows, mask=row_ok, other=ignore_index)
     y = tl.where((y == ignore_index) | (y < 0) | (y >= V), -1, y)
     rows_c = tl.minimum(rows, N - 1)
 
@@ -68,18 +71,18 @@ def _lse_forward_kernel(
     for t in tl.range(t_begin, t_end, flatten=True):  # one pipelined (tile, k) loop: loads overlap the softmax
         pos = t * BLOCK_V + tl.arange(0, BLOCK_V)
         col_ok = pos < V
-        cols = tl.minimum(pos, V - 1)
-        if FILTERING:  # tile positions -> vocabulary ids
-            cols = tl.load(PERM + cols)
+        c_rows = tl.minimum(pos, V - 1) - c_off
+        if HEAD_BY_PERM:  # tile positions -> vocabulary ids
+            c_rows = tl.load(PERM + c_rows)
         z = logits_tile(
-            E, C, rows_c, cols if HEAD_BY_PERM else tl.minimum(pos, V - 1) - c_off, rblock * BLOCK_N,
-            t * BLOCK_V - c_off, D, tl.cdiv(D, BLOCK_K), stride_en, stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V,
-            BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST, DOT_PRECISION,
+            E, C, rows_c, c_rows, rblock * BLOCK_N, t * BLOCK_V - c_off, D, tl.cdiv(D, BLOCK_K), stride_en,
+            stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST,
+            DOT_PRECISION,
         )
         if HAS_SOFTCAP:
             z = softcap_fn(z, softcap)
         z_sum += tl.sum(tl.where(col_ok[None, :], z, 0.0), axis=1)
-        z = tl.where(col_ok[None, :] & (cols[None, :] != y[:, None]), z, float("-inf"))
+        z = tl.where(col_ok[None, :] & (pos[None, :] != y[:, None]), z, float("-inf"))
         t_max = tl.max(z, axis=1)
         m_new = tl.maximum(m_run, t_max)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -155,6 +158,13 @@ def position_spans(vocab: int, row_bytes: int, block_v: int, permuted: bool) -> 
     return [(p0, min(vocab, p0 + rows)) for p0 in range(0, vocab, rows)]
 
 
+def target_positions(order: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Position of each target y_i in the vocabulary order (order[position] = y_i; -1 where y_i = -1)."""
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel(), device=order.device)
+    return torch.where(y >= 0, position[y.clamp_min(0)], -1)
+
+
 def triton_forward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
@@ -175,10 +185,14 @@ def triton_forward(
     row_blocks, vocab_tiles = triton.cdiv(n, t.block_n), triton.cdiv(vocab, t.block_v)
     mass = filter_mass(filter, hidden.dtype)
     filtering = mass > 0.0 and not (softcap is not None and label_smoothing > 0.0) and n > 0
+    valid = targets != ignore_index
+    y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
     order = torch.empty(0, dtype=torch.int64, device=dev)
+    kernel_targets = targets
     if filtering:
         mean_hidden = hidden.mean(dim=0, dtype=torch.float32).to(weight.dtype)
         order = torch.argsort(torch.mv(weight, mean_hidden).float(), descending=True)
+        kernel_targets = target_positions(order, y)
     # (span, first tile, end tile, tiles per split, first split) of each launch; each has its own splits
     launches, total_splits = [], 0
     by_perm = filtering and not GATHER_HEAD
@@ -199,7 +213,7 @@ def triton_forward(
         c_arg, c_tma = (head, False) if by_perm else tma_operand(head, [t.block_v, t.block_k])
         programs = row_blocks * triton.cdiv(tile_hi - tile_lo, tiles_per_split)
         _lse_forward_kernel[(programs,)](
-            e_arg, c_arg, targets, order if filtering else targets, m_part, s_part, zsum_part,
+            e_arg, c_arg, kernel_targets, order if filtering else targets, m_part, s_part, zsum_part,
             tile_lse if filtering else m_part,
             n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, tiles_per_split,
             padded, softcap or 1.0, ignore_index,
@@ -207,8 +221,6 @@ def triton_forward(
             HEAD_BY_PERM=by_perm, E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps,
             num_stages=t.num_stages if hidden.element_size() == 2 else 2, **tl_args,  # float32: 96 KiB a stage
         )
-    valid = targets != ignore_index
-    y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
     z_y = torch.empty(n, dtype=torch.float32, device=dev)
     if n > 0:
         _target_logit_kernel[(triton.cdiv(n, 16),)](
