@@ -162,8 +162,7 @@ def target_positions(order: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Position of each target y_i in the vocabulary order (order[position] = y_i; -1 where y_i is outside
     [0, V): ignored, or out of range, which the api reports after the kernels)."""
     vocab = order.numel()
-    position = torch.empty_like(order)
-    position[order] = torch.arange(vocab, device=order.device)
+    position = torch.empty_like(order).scatter_(0, order, torch.arange(vocab, device=order.device))
     return torch.where((y >= 0) & (y < vocab), position[y.clamp(0, vocab - 1)], -1)
 
 
