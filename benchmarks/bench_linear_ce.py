@@ -164,14 +164,46 @@ def _head_by_pointer(beta: float, filter: str) -> Loss:
     return loss
 
 
+class _DzByPointer(torch.autograd.Function):
+    """Ours with backward.DZ_TMA off during its backward."""
+
+    @staticmethod
+    def forward(ctx, loss: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        backward.DZ_TMA = False  # the loss's own backward runs next, then a hook on hidden restores it
+        return grad
+
+
+def _dz_by_pointer(beta: float, filter: str) -> Loss:
+    """Ours with backward.DZ_TMA off (the dZ recompute reads E and the head by pointer loads)."""
+
+    def loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = linear_cross_entropy(h, w, y, label_smoothing=beta, filter=filter)
+        handle = []
+
+        def restore(grad: torch.Tensor) -> torch.Tensor:  # after the loss's backward: dE is done
+            backward.DZ_TMA = True
+            handle[0].remove()
+            return grad
+
+        handle.append(h.register_hook(restore))
+        return _DzByPointer.apply(out)
+
+    return loss
+
+
 def methods(beta: float, device: str, baseline: str | None = None) -> dict[str, Loss]:
     """Name -> loss function of (hidden, weight, targets); libraries that are missing are left out."""
     out: dict[str, Loss] = {
         f"ours {f}": lambda h, w, y, f=f: linear_cross_entropy(h, w, y, label_smoothing=beta, filter=f)
         for f in FILTERS
     }
-    if device == "cuda":  # the filters' forward reading the sorted head in place instead of gathered copies
+    if device == "cuda":  # variants: the filters' forward reading the sorted head in place; dZ by pointer loads
         out.update({f"ours {f}, head by pointer": _head_by_pointer(beta, f) for f in ("exact", "loose")})
+        out.update({f"ours {f}, dZ by pointer": _dz_by_pointer(beta, f) for f in ("exact", "loose", "none")})
     if baseline:
         old = importlib.import_module(baseline)
         for f in importlib.import_module(f"{baseline}.api").FILTERS:
