@@ -151,46 +151,15 @@ class _GemmsOnly(torch.autograd.Function):
         return d_hidden.to(hidden.dtype), d_weight, None
 
 
-def _head_by_pointer(beta: float, filter: str) -> Loss:
-    """Ours with forward.GATHER_HEAD off: one forward launch reads the head's rows through the sorted order."""
+def _gathered_head(beta: float, filter: str) -> Loss:
+    """Ours with forward.GATHER_HEAD on: the forward reads the sorted head by TMA from gathered copies of it."""
 
     def loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        forward.GATHER_HEAD = False
+        forward.GATHER_HEAD = True
         try:
             return linear_cross_entropy(h, w, y, label_smoothing=beta, filter=filter)
         finally:
-            forward.GATHER_HEAD = True
-
-    return loss
-
-
-class _DzByPointer(torch.autograd.Function):
-    """Ours with backward.DZ_TMA off during its backward."""
-
-    @staticmethod
-    def forward(ctx, loss: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        return loss.clone()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        backward.DZ_TMA = False  # the loss's own backward runs next, then a hook on hidden restores it
-        return grad
-
-
-def _dz_by_pointer(beta: float, filter: str) -> Loss:
-    """Ours with backward.DZ_TMA off (the dZ recompute reads E and the head by pointer loads)."""
-
-    def loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = linear_cross_entropy(h, w, y, label_smoothing=beta, filter=filter)
-        handle = []
-
-        def restore(grad: torch.Tensor) -> torch.Tensor:  # after the loss's backward: dE is done
-            backward.DZ_TMA = True
-            handle[0].remove()
-            return grad
-
-        handle.append(h.register_hook(restore))
-        return _DzByPointer.apply(out)
+            forward.GATHER_HEAD = False
 
     return loss
 
@@ -201,9 +170,8 @@ def methods(beta: float, device: str, baseline: str | None = None) -> dict[str, 
         f"ours {f}": lambda h, w, y, f=f: linear_cross_entropy(h, w, y, label_smoothing=beta, filter=f)
         for f in FILTERS
     }
-    if device == "cuda":  # variants: the filters' forward reading the sorted head in place; dZ by pointer loads
-        out.update({f"ours {f}, head by pointer": _head_by_pointer(beta, f) for f in ("exact", "loose")})
-        out.update({f"ours {f}, dZ by pointer": _dz_by_pointer(beta, f) for f in ("exact", "loose", "none")})
+    if device == "cuda":  # the filters' forward reading the sorted head from gathered copies (the earlier default)
+        out.update({f"ours {f}, gathered head": _gathered_head(beta, f) for f in ("exact", "loose")})
     if baseline:
         old = importlib.import_module(baseline)
         for f in importlib.import_module(f"{baseline}.api").FILTERS:

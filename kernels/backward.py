@@ -59,9 +59,6 @@ TILES = BackwardTiles()
 # Gemma-3-270M keeping 45% ran faster filtered (17-19 ms against 20-21), SmolLM2-135M keeping 80-86% slower (7.6-8.8
 # against 5.5); 0.6 lies between.
 STAIRCASE_MAX_SHARE = 0.6
-# The dZ recompute reads E and the head by TMA where it can (True) or by pointer loads (False: ~16 us less host time
-# per launch, Triton encoding no tensor maps).
-DZ_TMA = True
 # Bytes of the buffer of gathered head rows (then the piece's dC rows, sorted vocabulary) a filtered backward holds.
 GATHER_BUFFER_BYTES = 16 << 20
 
@@ -371,8 +368,8 @@ class _Recompute:
 
     def __post_init__(self) -> None:
         ft, bt = forward.TILES, TILES
-        e_arg, e_tma = tma_operand(self.e, [ft.block_n, ft.block_k]) if DZ_TMA else (self.e, False)
-        c_arg, c_tma = tma_operand(self.head, [bt.dz_block_v, ft.block_k]) if DZ_TMA else (self.head, False)
+        e_arg, e_tma = tma_operand(self.e, [ft.block_n, ft.block_k])
+        c_arg, c_tma = tma_operand(self.head, [bt.dz_block_v, ft.block_k])
         filtering = self.kept is not None
         self.head_args = (e_arg, c_arg, self.y, self.lse, self.g, self.gscale, self.kept if filtering else self.y)
         self.sizes = (self.e.shape[0], self.vocab, self.e.shape[1])
