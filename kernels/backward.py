@@ -225,7 +225,7 @@ def triton_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dE, dC) of sum_i g_i loss_i; see the module docstring for the decomposition and kernels/filter.py for the
     filter (its row order and kept tiles come from the forward, in `saved`)."""
-    lse, z_y, rest_prob, order, rows, kept = saved
+    lse, z_y, rest_prob, order, rows, kept, target_pos = saved
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -243,7 +243,8 @@ def triton_backward(
     plan = stairs = None
     if rows.numel() > 0 and n > 0:  # the filter's plan, read once the GPU has the work queued below
         plan = AsyncHostCopy(kept)
-        stairs = _Staircase(hidden, weight, y, lse, g, gscale, order, rows, kept, beta, softcap, need_hidden_grad)
+        stairs = _Staircase(hidden, weight, target_pos, lse, g, gscale, order, rows, kept, beta, softcap,
+                            need_hidden_grad)
     acc = torch.zeros((max(rows.numel(), n), d), dtype=torch.float32, device=dev) if need_hidden_grad else None
     d_weight = uniform_row = None
     if need_weight_grad and rank_one_uniform:
@@ -457,7 +458,8 @@ def piece_budget(n_rows: int, vocab: int, d: int, itemsize: int, has_acc: bool) 
 class _Staircase:
     """The softmax part over the pieces of kernels.filter.pieces: token rows[p] at row p (acc's rows too),
     vocabulary entry order[j] at position j. What does not depend on the plan's kept tiles is set up (and queued)
-    before the host waits for them: the hidden states, LSE, targets and g in the row order, a buffer for a
+    before the host waits for them: the hidden states, LSE, targets (y: their positions in the vocabulary order)
+    and g in the row order, a buffer for a
     piece's head rows (gathered; one TMA descriptor for all pieces) and a flat dZ buffer (`piece_budget`).
     Per piece: dZ recomputed, acc += dZ head, and the piece's dC rows = uniform_row + dZ^T E written into the head
     buffer once acc is done with it, then copied into dC (one rounding). A vocabulary chunk whose rows take several
@@ -473,7 +475,6 @@ class _Staircase:
         real = rows < n  # padding rows (index >= n) get g = 0
         src = torch.where(real, rows, 0)
         self.e = hidden.index_select(0, src)
-        y = forward.target_positions(order, y)  # the kernel compares vocabulary positions
         lse, y, g = lse[src], torch.where(real, y[src], -1), torch.where(real, g[src], 0.0)
         self.elements, self.max_tiles = piece_budget(self.e.shape[0], weight.shape[0], d, hidden.element_size(),
                                                      has_acc)

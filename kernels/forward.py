@@ -172,10 +172,11 @@ def triton_forward(
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, vocabulary
-    order, row order, kept tiles)). With a filter that drops mass (kernels/filter.py; not with softcap and beta > 0,
-    which must stay dense) the vocabulary is walked in the order of descending mean logit over the batch
-    (C @ mean_i E_i), and kernels/plan_triton.py turns the per-row tile statistics into the backward's row order
-    and kept tiles; otherwise the three are empty: natural order, everything kept."""
+    order, row order, kept tiles, the targets' positions in the order)). With a filter that drops mass
+    (kernels/filter.py; not with softcap and beta > 0, which must stay dense) the vocabulary is walked in the order
+    of descending mean logit over the batch (C @ mean_i E_i), and kernels/plan_triton.py turns the per-row tile statistics into the backward's row order
+    and kept tiles; otherwise the three are empty (natural order, everything kept) and the positions are the raw
+    targets."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -245,4 +246,4 @@ def triton_forward(
     rows = kept = torch.empty(0, dtype=torch.int64, device=dev)
     if filtering:
         rows, kept = triton_plan(tile_lse, lse, y >= 0, t.block_n, mass)
-    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, order, rows, kept)
+    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, order, rows, kept, kernel_targets)

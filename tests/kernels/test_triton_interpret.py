@@ -113,12 +113,12 @@ def test_dense_filters_plan_nothing(filter_name: str, dtype: torch.dtype) -> Non
     """filter="none", and "exact" on float32 inputs: no sorted vocabulary, no row order, every tile computed
     (cuBLAS on whole chunks); "exact" on bf16 plans (its budget is 2^-10)."""
     hidden, weight, targets = make_case(N, V, D, dtype, ignore_frac=0.2, seed=4)
-    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, filter_name)
+    *_, (_, _, _, order, rows, kept, _) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, filter_name)
     assert order.numel() == rows.numel() == kept.numel() == 0
     kw = dict(label_smoothing=0.1)
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=filter_name, **kw)
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
-    *_, (_, _, _, order, rows, kept) = forward.triton_forward(
+    *_, (_, _, _, order, rows, kept, _) = forward.triton_forward(
         hidden.bfloat16(), weight.bfloat16(), targets, 0.1, -100, None, "exact")
     assert order.numel() == V and rows.numel() == 384 and kept.numel() == 3
 
@@ -181,7 +181,7 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     assert forward.position_spans(V, 256 * 2, 256, permuted=True) == [(0, 256), (256, 512), (512, V)]
     budget = lce_filter.filter_mass(filter_name, torch.bfloat16)
     hidden, weight, targets = _mixed_case(torch.bfloat16)
-    *_, (_, _, _, order, rows, kept) = forward.triton_forward(hidden, weight, targets, beta, -100, None,
+    *_, (_, _, _, order, rows, kept, _) = forward.triton_forward(hidden, weight, targets, beta, -100, None,
                                                               filter_name)
     mean_logit = weight.double() @ hidden.double().mean(dim=0)
     assert (mean_logit[order].diff() <= 2.0**-7 * mean_logit.abs().max()).all()  # descending, up to bf16 rounding
@@ -212,7 +212,7 @@ def test_a_larger_budget_drops_more(monkeypatch: pytest.MonkeyPatch) -> None:
     kept_tiles = {}
     for budget in (2.0**-10, 2.0**-8):
         monkeypatch.setitem(lce_filter.FILTER_MASS, "loose", budget)
-        *_, (_, _, _, _, rows, kept) = forward.triton_forward(hidden, weight, targets, 0.0, -100, None, "loose")
+        *_, (_, _, _, _, rows, kept, _) = forward.triton_forward(hidden, weight, targets, 0.0, -100, None, "loose")
         per_token = lce_filter.kept_per_token(rows, kept, N, forward.TILES.block_n)
         kept_tiles[budget] = per_token[256:][targets[256:] != -100]
     assert (kept_tiles[2.0**-8] == 0).all() and (kept_tiles[2.0**-10] > 0).any()
