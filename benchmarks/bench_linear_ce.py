@@ -17,7 +17,7 @@ GPU these, not peak TFLOP/s, bound what a design can reach.
 - real: a model's final hidden states on Alpaca text (prompt + response, next-token targets) and its LM head,
   one input per --real folder, written on a CPU by benchmarks/lce_real_inputs.py (Gemma-3-270M: N = 8192,
   V = 262144, D = 640; SmolLM2-135M: V = 49152, D = 576). Each folder holds the hidden states and targets
-  (inputs.pt) and the head as its GGUF tensor's bytes in parts under 60 MB (head.NN); they are de-quantised
+  (inputs.pt) and the head as its GGUF tensor's bytes in parts under 48 MB (head.NN); they are de-quantised
   here (the gguf package), bit for bit the head transformers loads.
 Times are medians of --iters runs (CUDA events) after --warmup runs, taken round-robin: per input and beta,
 every method runs once per round, so clock and power-cap drift of the GPU touch all methods alike (min and max
@@ -38,7 +38,7 @@ Usage (repo root, GPU machine):
 Real inputs on the GPU machine (its image lacks gguf, Liger and CCE; a call carries at most 64 MiB). On a CPU:
 `lce_real_inputs.py --family gemma3-270m` and `--family smollm2-135m` write .gpu_lce/ (git-ignored), and
 `pip download --no-deps -d .gpu_lce/whl liger-kernel==0.8.5 cut-cross-entropy==25.1.1 gguf==0.19.0` the
-wheels. Gemma's head is 178 MB (Q8_0, three parts): three staging calls back to back on the warm machine, each
+wheels. Gemma's head is 178 MB (Q8_0, four parts): four staging calls back to back on the warm machine, each
 carrying one .gpu_lce/gemma3-270m/head.0K and running `mkdir -p ~/lce && cp -r .gpu_lce/. ~/lce/`, then one
 call carrying .gpu_lce/gemma3-270m/inputs.pt, .gpu_lce/smollm2-135m and .gpu_lce/whl (1 MB) that runs
     mkdir -p ~/lce && cp -r .gpu_lce/. ~/lce/ && python3 -m pip install -q --no-index --no-deps --target /tmp/site

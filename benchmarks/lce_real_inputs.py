@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DEFAULT_DIR = ".gpu_lce"  # git-ignored (.gpu*/): carried to the GPU machine by path
-PART_BYTES = 60_000_000
+PART_BYTES = 48_000_000  # a part and the working tree travel in one 64 MiB call
 
 
 def _head_tensor(gguf_file: Path):  # noqa: ANN202 - a gguf.ReaderTensor
