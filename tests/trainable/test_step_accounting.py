@@ -46,6 +46,9 @@ def _micro_batches() -> list[list[dict[str, torch.Tensor]]]:
 def _rank_gradients(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
+    from trainable.node_setup import skip_deepspeed_shm_op
+
+    skip_deepspeed_shm_op()  # as a trial does: else both ranks JIT-build DeepSpeed's shm op at once on a cold cache
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     from trainable.deepspeed_setup import build_engine
 
