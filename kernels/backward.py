@@ -76,11 +76,10 @@ def _dz_kernel(
     """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
     softcap) for rows i (of E, LSE, G, Y) and vocabulary positions j of the (row_tiles x vc) chunk starting at row
     r0, position c0 (v: the entry at position j; Y holds the targets' positions), program p taking tiles p,
-    p + programs, ... in one
-    flattened loop (the next tile's loads overlap this one's softmax); tiles are numbered by groups of GROUP_V
-    vocabulary tiles, each over all rows (so a wave reads one group of head rows, which stays in L2); C holds the
-    head rows of positions c_off, c_off + 1, ... With FILTERING, tiles of row block b at filter tiles (MASK_V
-    wide) >= KEPT[b] are not computed and written as zeros."""
+    p + programs, ... in one flattened loop (the next tile's loads overlap this one's softmax); tiles are numbered
+    by groups of GROUP_V vocabulary tiles, each over all rows (so a wave reads one group of head rows, which stays
+    in L2); C holds the head rows of positions c_off, c_off + 1, ... With FILTERING, tiles of row block b at filter
+    tiles (MASK_V wide) >= KEPT[b] are not computed and written as zeros."""
     tiles_v = tl.cdiv(vc, BLOCK_V)
     k_tiles = tl.cdiv(D, BLOCK_K)
     for tile in tl.range(tl.program_id(0), row_tiles * tiles_v, tl.num_programs(0), flatten=True):
@@ -459,8 +458,8 @@ class _Staircase:
     """The softmax part over the pieces of kernels.filter.pieces: token rows[p] at row p (acc's rows too),
     vocabulary entry order[j] at position j. What does not depend on the plan's kept tiles is set up (and queued)
     before the host waits for them: the hidden states, LSE, targets (y: their positions in the vocabulary order)
-    and g in the row order, a buffer for a
-    piece's head rows (gathered; one TMA descriptor for all pieces) and a flat dZ buffer (`piece_budget`).
+    and g in the row order, a buffer for a piece's head rows (gathered; one TMA descriptor for all pieces) and a
+    flat dZ buffer (`piece_budget`).
     Per piece: dZ recomputed, acc += dZ head, and the piece's dC rows = uniform_row + dZ^T E written into the head
     buffer once acc is done with it, then copied into dC (one rounding). A vocabulary chunk whose rows take several
     pieces sums its dC rows in a second buffer."""

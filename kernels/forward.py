@@ -5,9 +5,9 @@ For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s *
   max m and sum s = sum exp(z - m) over v != y, plus sum_v z_iv (all v). For the backward's gradient filter
   (kernels/filter.py), with FILTERING tile position j holds vocabulary entry PERM[j] (the vocabulary sorted so
   that likely tokens share tiles), the targets come as positions, and each row's log-sum-exp of each tile's
-  non-target logits is stored, (tiles, N). The loop compares positions and never loads PERM (with the head read
-  in place it loads C's rows through it): ids loaded per tile stay live through the product and made ptxas spill
-  (646 spills at 255 registers, 30x slower, on an H100 on 2026-11-25).
+  non-target logits is stored, (tiles, N). The loop compares positions and loads no ids for that (with the head
+  read in place it loads C's rows through PERM): the variant that loaded the ids per tile compiled with 646
+  spilled registers (30x slower) on one H100 on 2026-11-25; that machine was not retested with this one.
 - `_target_logit_kernel`: z_iy, one dot product per token.
 - `triton_forward` combines the splits: LSE_i = logaddexp(m + log s, z_iy) and
   loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv.
@@ -174,9 +174,9 @@ def triton_forward(
     """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, vocabulary
     order, row order, kept tiles, the targets' positions in the order)). With a filter that drops mass
     (kernels/filter.py; not with softcap and beta > 0, which must stay dense) the vocabulary is walked in the order
-    of descending mean logit over the batch (C @ mean_i E_i), and kernels/plan_triton.py turns the per-row tile statistics into the backward's row order
-    and kept tiles; otherwise the three are empty (natural order, everything kept) and the positions are the raw
-    targets."""
+    of descending mean logit over the batch (C @ mean_i E_i), and kernels/plan_triton.py turns the per-row tile
+    statistics into the backward's row order and kept tiles; otherwise the three are empty (natural order,
+    everything kept) and the positions are the raw targets."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
