@@ -111,6 +111,8 @@ run_trial(TrialConfig.from_dict(config), torch.device("cpu"), rank, 2, reports.a
           Path(resume) if resume else None, writers=store.trial_writers())
 (out / f"reports{rank}.json").write_text(json.dumps(reports))
 dist.destroy_process_group()  # left to interpreter exit, gloo's threads can abort the process (std::terminate)
+sys.stdout.flush()
+os._exit(0)  # no interpreter teardown either: threads it would destroy still running can std::terminate the rank
 """
 
 

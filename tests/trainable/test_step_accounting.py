@@ -67,6 +67,8 @@ def _rank_gradients(rank: int, port: int, out: str) -> None:
     mean = global_mean_loss(summed, ACCUMULATION, WORLD)
     torch.save({"mean": mean, "grads": [p.grad.clone() for p in engine.module.parameters()]}, f"{out}/{rank}.pt")
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown: threads it would destroy still running can std::terminate the rank
 
 
 def _big_batch_reference() -> tuple[float, list[torch.Tensor], list[torch.Tensor]]:
