@@ -248,10 +248,7 @@ def triton_backward(
     d_weight = uniform_row = None
     if need_weight_grad and rank_one_uniform:
         uniform_row = (-(beta / vocab) * weighted_colsum(hidden, g)).to(weight.dtype)
-    if need_weight_grad and (stairs is not None or n == 0):  # the staircase writes the kept rows only
-        d_weight = (uniform_row.expand(vocab, d).contiguous() if uniform_row is not None
-                    else torch.zeros_like(weight, memory_format=torch.contiguous_format))
-    elif need_weight_grad:  # the dense path writes every row (and uses the rows it has not written yet)
+    if need_weight_grad:  # written by the path taken below (the dense one uses its unwritten rows meanwhile)
         d_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
     if stairs is not None:  # one host sync
@@ -262,6 +259,8 @@ def triton_backward(
             rows, stairs = rows[:0], None
     if stairs is None and n > 0:
         _dense_part(hidden, weight, y, lse, g, gscale, d_weight, uniform_row, acc, beta, softcap, alpha)
+    elif d_weight is not None and n == 0:
+        d_weight.zero_()
     d_hidden = None
     if acc is not None:
         cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
@@ -485,8 +484,12 @@ class _Staircase:
 
     def run(self, kept_host: np.ndarray, weight: torch.Tensor, d_weight: torch.Tensor | None,
             uniform_row: torch.Tensor | None, acc: torch.Tensor | None, alpha: float) -> None:
-        """dC += (softmax part)^T E (dC holds uniform_row in every row, or zeros) and acc += alpha (softmax part)
-        C, over the pieces of the plan's kept tiles (kept_host, on the host)."""
+        """dC = uniform_row (or 0) + (softmax part)^T E and acc += alpha (softmax part) C, over the pieces of the
+        plan's kept tiles (kept_host, on the host); dC's contents on entry are unused."""
+        if d_weight is not None and uniform_row is not None:  # rows the pieces do not write keep this
+            d_weight.copy_(uniform_row.expand_as(d_weight))
+        elif d_weight is not None:
+            d_weight.zero_()
         ft = forward.TILES
         vocab = weight.shape[0]
         e, order, head_buf, dz_flat, recompute = self.e, self.order, self.head_buf, self.dz_flat, self.recompute
