@@ -1,13 +1,14 @@
-"""How much of the backward the loose gradient filter skips on real hidden states, and how much mass it drops.
+"""How much of the backward the gradient filters skip on real hidden states, and how much mass they drop.
 
-For inputs written by benchmarks/lce_real_inputs.py (CPU, float32 logits of the bf16 inputs, as the kernel
-computes them), the per-token log-sum-exp of each 256-wide tile of the vocabulary sorted by mean logit (what the
-forward stores with a filter), then kernels.filter.plan itself at several budgets: the share of (128-row block x
-tile) products the backward computes, the work of the dense pieces it runs them in and their number
-(kernels.filter.pieces at the backward's buffer sizes), and the probability mass actually dropped per token (mean,
-99th percentile, max). Rows: the budgets of filter="exact" (2^-10) and "loose" (2^-8) and a larger one, with the tokens in the plan's order and, for comparison,
-in their natural order (blocks of consecutive tokens: what sorting the tokens gains); and Cut Cross-Entropy's
-rule (skip a tile when every probability of its rows is < 2^-12, no bound on the sum) on the same tiles.
+For inputs written by benchmarks/lce_real_inputs.py (CPU, float32 logits of the bf16 inputs, as the kernel computes
+them), the per-token log-sum-exp of each 256-wide tile of the vocabulary sorted by mean logit (what the forward
+stores with a filter), then kernels.filter.plan itself at several budgets: the share of (128-row block x tile)
+products the backward computes, the work of the dense pieces it runs them in and their number (kernels.filter.pieces
+at the backward's buffer sizes), and the probability mass actually dropped per token (mean, 99th percentile, max).
+Rows: the budgets of filter="exact" (2^-10) and "loose" (2^-8) and a larger one, with the tokens in the plan's order
+and, for comparison, in their natural order (blocks of consecutive tokens: what sorting the tokens gains); and Cut
+Cross-Entropy's rule (skip a tile when every probability of its rows is < 2^-12, no bound on the sum) on the same
+tiles.
 
 Usage (repo root, after lce_real_inputs.py):
     .venv/bin/python benchmarks/lce_filter_stats.py .gpu_lce/gemma3-270m .gpu_lce/smollm2-135m \

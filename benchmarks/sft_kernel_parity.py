@@ -4,10 +4,11 @@
     python benchmarks/sft_kernel_parity.py --family gemma3-270m --impls torch fused loose --out loose.json
 
 Runs ``trainable.worker.run_trial`` once per implementation, one process, one rank: ``torch`` (logits +
-F.cross_entropy, the reference), ``fused`` (kernels.linear_cross_entropy with its default filter="exact"),
-``loose`` (filter="loose") and ``none`` (filter="none": every logit tile). Reports each curve's per-step loss difference from the reference's, and loose's from
-fused's, against the noise of bf16 training: |fused - torch| is what two exact implementations differ by (the
-largest step-to-step change of the torch curve is printed for scale). Writes JSON and a PNG of the curves.
+F.cross_entropy, the reference), ``fused`` (kernels.linear_cross_entropy with its default filter="exact"), ``loose``
+(filter="loose") and ``none`` (filter="none": every logit tile). Reports each curve's per-step loss difference from
+the reference's, and loose's from fused's, against the noise of bf16 training: |fused - torch| is what two exact
+implementations differ by (the largest step-to-step change of the torch curve is printed for scale). Writes JSON and
+a PNG of the curves.
 """
 
 from __future__ import annotations
