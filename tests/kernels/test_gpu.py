@@ -29,9 +29,9 @@ def _torch_bf16(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
 @pytest.mark.parametrize("peaked", [False, True], ids=["random", "peaked"])
 def test_paper_shape(peaked: bool) -> None:
     """Random inputs and peaked ones, beta = 0.1, 5% ignored, against the float64 truth: "none" (dense) by the
-    plain rule, "exact" and "loose" within their bounds; on a flat softmax both keep over STAIRCASE_MAX_SHARE of the tiles
-    (so the backward runs dense), on peaked inputs both filters skip nearly every tile and stay within their bound
-    of "none"."""
+    plain rule, "exact" and "loose" within their bounds; on a flat softmax both keep over STAIRCASE_MAX_SHARE of
+    the tiles (so the backward runs dense), on peaked inputs both filters skip nearly every tile and stay within
+    their bound of "none"."""
     hidden, weight, targets = make_case(N, V, D, torch.bfloat16, peaked=peaked, ignore_frac=0.05, device="cuda")
     kw = dict(label_smoothing=0.1)
     dense = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="none", **kw)
