@@ -28,6 +28,7 @@ per piece. Every dC row gets one more rounded add for target rows.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,17 @@ TILES = BackwardTiles()
 STAIRCASE_MAX_SHARE = 0.6
 # Bytes of the buffer of gathered head rows (then the piece's dC rows, sorted vocabulary) a filtered backward holds.
 GATHER_BUFFER_BYTES = 16 << 20
+# Share of the sorted vocabulary's tiles whose pieces over every row a filtered backward queues before it waits for
+# the plan (the host would otherwise leave the GPU idle meanwhile, then issue every piece after it). Their tiles
+# past a block's K_b are zeros, as in any piece, so the result does not depend on it; what a plan that turns out
+# dense (over STAIRCASE_MAX_SHARE kept) gets is this share computed twice.
+PREFIX_SHARE = 0.08
+
+
+def prefix_tiles(vocab_tiles: int) -> int:
+    """Leading tiles of the sorted vocabulary a filtered backward computes before it has the plan: PREFIX_SHARE of
+    them, at least one."""
+    return min(vocab_tiles, max(1, round(PREFIX_SHARE * vocab_tiles)))
 
 
 @triton.jit(do_not_specialize=["row_tiles", "vc"])  # one compiled kernel for every launch of a backward
@@ -251,12 +263,15 @@ def triton_backward(
     if need_weight_grad:  # written by the path taken below (the dense one uses its unwritten rows meanwhile)
         d_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
-    if stairs is not None:  # one host sync
+    if stairs is not None:  # one host sync, with the first pieces queued
+        stairs.start(weight, d_weight, uniform_row, acc, alpha)
         kept_host = plan.get()
         if kept_host.mean() <= STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v):
-            stairs.run(kept_host, weight, d_weight, uniform_row, acc, alpha)
-        else:  # little dropped: dense, in the natural orders
+            stairs.finish(kept_host)
+        else:  # little dropped: dense, in the natural orders, from the start
             rows, stairs = rows[:0], None
+            if acc is not None:
+                acc.zero_()
     if stairs is None and n > 0:
         _dense_part(hidden, weight, y, lse, g, gscale, d_weight, uniform_row, acc, beta, softcap, alpha)
     elif d_weight is not None and n == 0:
@@ -382,20 +397,25 @@ class _Recompute:
         self.options = dict(num_warps=ft.num_warps, num_stages=bt.dz_stages if self.e.element_size() == 2 else 2)
         self.sms = forward.num_sms(self.e.device)  # one persistent recompute program per SM
         self.compiled = None
+        self.runners: dict[int, Callable[..., None]] = {}  # the compiled kernel's launcher per grid size
+        self.stream = torch.cuda.current_stream(self.e.device).cuda_stream if self.e.is_cuda else None
 
     def __call__(self, dz: torch.Tensor, r0: int, nr: int, c0: int, vc: int, c_off: int) -> None:
         """dZ (nr x vc, rows dz.stride(0) apart, room for whole tiles) of rows r0 ..., vocabulary positions
         c0 ...; the head operand's row 0 is position c_off. After the first launch the compiled kernel is called
-        directly (Triton's launcher re-derives the specialisation of ~35 arguments per call, ~30 us of host time):
-        the arguments that change between launches are multiples of 16 (r0, c0, c_off, the dZ row stride: whole
-        tiles) or not specialised on (row_tiles, vc)."""
-        rb = triton.cdiv(nr, forward.TILES.block_n)
-        grid = (min(rb * triton.cdiv(vc, TILES.dz_block_v), self.sms),)
+        directly, on the stream of the first (Triton's launcher re-derives the specialisation of ~35 arguments per
+        call, ~30 us of host time): the arguments that change between launches are multiples of 16 (r0, c0, c_off,
+        the dZ row stride: whole tiles) or not specialised on (row_tiles, vc)."""
+        rb = -(-nr // forward.TILES.block_n)
+        programs = min(rb * -(-vc // TILES.dz_block_v), self.sms)
         args = (*self.head_args, dz, *self.sizes, r0, rb, c0, vc, c_off, *self.strides, dz.stride(0), *self.tail_args)
         if self.compiled is None:  # under the interpreter a launch returns nothing: every launch comes here
-            self.compiled = _dz_kernel[grid](*args, **self.options)
-        else:
-            self.compiled[grid + (1, 1)](*args)  # its runner takes all three grid dimensions
+            self.compiled = _dz_kernel[(programs,)](*args, **self.options)
+            return
+        runner = self.runners.get(programs)
+        if runner is None:  # its runner takes all three grid dimensions
+            runner = self.runners[programs] = self.compiled[(programs, 1, 1)]
+        runner(*args, stream=self.stream)
 
 
 def _dense_part(
@@ -425,21 +445,25 @@ def _dense_part(
             dz = space.as_strided((nr, vc), (stride, 1))
             recompute(dz, r0, nr, c0, vc, 0)
             if d_weight is not None:
-                _add_dc(d_weight[c0 : c0 + vc], dz, hidden[r0 : r0 + nr], uniform_row, alpha, r0 == 0)
+                _add_dc(d_weight[c0 : c0 + vc], dz.T, hidden[r0 : r0 + nr], uniform_row, alpha, r0 == 0)
             if acc is not None:
                 _accumulate_f32(acc[r0 : r0 + nr], dz, weight[c0 : c0 + vc], alpha)
 
 
-def _add_dc(out: torch.Tensor, dz: torch.Tensor, e: torch.Tensor, uniform_row: torch.Tensor | None, alpha: float,
+def _add_dc(out: torch.Tensor, dz_t: torch.Tensor, e: torch.Tensor, uniform_row: torch.Tensor | None, alpha: float,
             first: bool) -> None:
-    """out = uniform_row (or 0) + alpha dz^T e where first (out's contents unused), else out += alpha dz^T e:
-    cuBLAS sums in float32, one rounding per call."""
+    """out = uniform_row (or 0) + alpha dz^T e where first (out's contents unused), else out += alpha dz^T e (dz_t:
+    dz^T): cuBLAS sums in float32, one rounding per call."""
     if not first:
-        out.addmm_(dz.T, e, alpha=alpha)
+        out.addmm_(dz_t, e, alpha=alpha)
     elif uniform_row is not None:
-        torch.addmm(uniform_row, dz.T, e, alpha=alpha, out=out)
+        torch.addmm(uniform_row, dz_t, e, alpha=alpha, out=out)
     else:  # beta = 0: out is not read (nan there stays out)
-        torch.addmm(out, dz.T, e, beta=0.0, alpha=alpha, out=out)
+        torch.addmm(out, dz_t, e, beta=0.0, alpha=alpha, out=out)
+
+
+def _with_transpose(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return t, t.T
 
 
 def piece_budget(n_rows: int, vocab: int, d: int, itemsize: int, has_acc: bool) -> tuple[int, int]:
@@ -457,11 +481,13 @@ class _Staircase:
     """The softmax part over the pieces of kernels.filter.pieces: token rows[p] at row p (acc's rows too),
     vocabulary entry order[j] at position j. What does not depend on the plan's kept tiles is set up (and queued)
     before the host waits for them: the hidden states, LSE, targets (y: their positions in the vocabulary order)
-    and g in the row order, a buffer for a piece's head rows (gathered; one TMA descriptor for all pieces) and a
-    flat dZ buffer (`piece_budget`).
+    and g in the row order, a buffer for a piece's head rows (gathered; one TMA descriptor for all pieces), a flat
+    dZ buffer (`piece_budget`), and (`start`) the pieces of the first `prefix_tiles` tiles over every row: the dZ
+    kernel reads each block's kept tiles on the device, so they compute exactly the plan's tiles whatever it is.
     Per piece: dZ recomputed, acc += dZ head, and the piece's dC rows = uniform_row + dZ^T E written into the head
     buffer once acc is done with it, then copied into dC (one rounding). A vocabulary chunk whose rows take several
-    pieces sums its dC rows in a second buffer."""
+    pieces sums its dC rows in a second buffer. Views of the buffers are made once per shape (each costs host
+    time, and the host issues a piece's launches no faster than the GPU runs them)."""
 
     def __init__(
         self, hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
@@ -478,40 +504,66 @@ class _Staircase:
                                                      has_acc)
         self.head_buf = torch.empty(self.max_tiles * ft.block_v, d, dtype=weight.dtype, device=weight.device)
         self.dz_flat = torch.empty(self.elements, dtype=hidden.dtype, device=hidden.device)
+        self.sum_buf: torch.Tensor | None = None
         self.order = order
         self.recompute = _Recompute(self.e, y, lse, g, gscale, self.head_buf, kept, weight.shape[0], beta,
                                     softcap)
+        self.prefix_tiles = prefix_tiles(triton.cdiv(weight.shape[0], ft.block_v))
+        self._views: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
-    def run(self, kept_host: np.ndarray, weight: torch.Tensor, d_weight: torch.Tensor | None,
-            uniform_row: torch.Tensor | None, acc: torch.Tensor | None, alpha: float) -> None:
-        """dC = uniform_row (or 0) + (softmax part)^T E and acc += alpha (softmax part) C, over the pieces of the
-        plan's kept tiles (kept_host, on the host); dC's contents on entry are unused."""
+    def start(self, weight: torch.Tensor, d_weight: torch.Tensor | None, uniform_row: torch.Tensor | None,
+              acc: torch.Tensor | None, alpha: float) -> None:
+        """dC = uniform_row (or 0) and the pieces of tiles [0, prefix_tiles) over every row queued (dC's contents on
+        entry unused); `finish` does the rest once the plan's kept tiles are on the host."""
         if d_weight is not None and uniform_row is not None:  # rows the pieces do not write keep this
             d_weight.copy_(uniform_row.expand_as(d_weight))
         elif d_weight is not None:
             d_weight.zero_()
+        self.weight, self.d_weight, self.uniform_row, self.acc, self.alpha = weight, d_weight, uniform_row, acc, alpha
+        blocks = self.e.shape[0] // forward.TILES.block_n
+        self._run(filter_pieces([self.prefix_tiles] * blocks, forward.TILES.block_n, self.elements, self.max_tiles,
+                                forward.TILES.block_v))
+
+    def finish(self, kept_host: np.ndarray) -> None:
+        """dC += (softmax part)^T E and acc += alpha (softmax part) C over the plan's kept tiles (kept_host, on the
+        host) past the prefix."""
         ft = forward.TILES
-        vocab = weight.shape[0]
-        e, order, head_buf, dz_flat, recompute = self.e, self.order, self.head_buf, self.dz_flat, self.recompute
-        sum_buf = None
-        plan = filter_pieces(kept_host.tolist(), ft.block_n, self.elements, self.max_tiles, ft.block_v)
-        for (t0, t1), chunk in itertools.groupby(plan, key=lambda piece: piece[:2]):
-            chunk = list(chunk)
-            c0 = t0 * ft.block_v
-            vc = min(t1 * ft.block_v, vocab) - c0
-            ids = order[c0 : c0 + vc]
-            head = torch.index_select(weight, 0, ids, out=head_buf[:vc])
+        self._run(filter_pieces(kept_host.tolist(), ft.block_n, self.elements, self.max_tiles, ft.block_v,
+                                start=self.prefix_tiles))
+
+    def _view(self, key: tuple, make: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = make()
+        return views
+
+    def _run(self, plan: list[tuple[int, int, int, int]]) -> None:
+        """The pieces of `plan` (kernels.filter.pieces), a vocabulary chunk's pieces consecutive."""
+        if not plan:
+            return
+        bv, vocab = forward.TILES.block_v, self.weight.shape[0]
+        weight, d_weight, acc, e, alpha = self.weight, self.d_weight, self.acc, self.e, self.alpha
+        chunks = [(t0, list(chunk)) for (t0, _), chunk in itertools.groupby(plan, key=lambda piece: piece[:2])]
+        widths = [min(chunk[0][1] * bv, vocab) - t0 * bv for t0, chunk in chunks]
+        ids_of_chunks = self.order[chunks[0][0] * bv : chunks[0][0] * bv + sum(widths)].split(widths)
+        for (t0, chunk), ids, vc in zip(chunks, ids_of_chunks, widths):
+            c0 = t0 * bv
+            (head,) = self._view(("head", vc), lambda: (self.head_buf[:vc],))
+            torch.index_select(weight, 0, ids, out=head)
             part = head
             if d_weight is not None and len(chunk) > 1:  # the head stays in use for the chunk's later pieces
-                sum_buf = torch.empty_like(head_buf) if sum_buf is None else sum_buf
-                part = sum_buf[:vc]
-            stride = triton.cdiv(vc, ft.block_v) * ft.block_v  # the kernel writes whole tiles
+                if self.sum_buf is None:
+                    self.sum_buf = torch.empty_like(self.head_buf)
+                (part,) = self._view(("sum", vc), lambda: (self.sum_buf[:vc],))
             for k, (_, _, r0, r1) in enumerate(chunk):
-                dz = dz_flat.as_strided((r1 - r0, vc), (stride, 1))
-                recompute(dz, r0, r1 - r0, c0, vc, c0)
+                dz, dz_t = self._view(("dz", r1 - r0, vc), lambda: _with_transpose(  # room for whole tiles
+                    self.dz_flat.as_strided((r1 - r0, vc), (triton.cdiv(vc, bv) * bv, 1))))
+                acc_rows, e_rows = self._view(("rows", r0, r1), lambda: (
+                    acc[r0:r1] if acc is not None else None, e[r0:r1]))
+                self.recompute(dz, r0, r1 - r0, c0, vc, c0)
                 if acc is not None:
-                    _accumulate_f32(acc[r0:r1], dz, head, alpha)
+                    _accumulate_f32(acc_rows, dz, head, alpha)
                 if d_weight is not None:
-                    _add_dc(part, dz, e[r0:r1], uniform_row, alpha, k == 0)
+                    _add_dc(part, dz_t, e_rows, self.uniform_row, alpha, k == 0)
             if d_weight is not None:
                 d_weight.index_copy_(0, ids, part)

@@ -80,17 +80,17 @@ def kept_per_token(rows: torch.Tensor, kept: torch.Tensor, n: int, block_n: int)
     return torch.zeros(n, dtype=torch.int64, device=rows.device).index_copy_(0, rows[real], per_row[real])
 
 
-def pieces(kept: Sequence[int], block_n: int, max_elements: int, max_tiles: int, block_v: int,
+def pieces(kept: Sequence[int], block_n: int, max_elements: int, max_tiles: int, block_v: int, start: int = 0,
            ) -> list[tuple[int, int, int, int]]:
-    """Dense pieces (first tile, end tile, first row, end row) covering, without overlap, the tiles kept by blocks
-    (block_n rows each) whose kept tiles K_b ascend. Walking the tiles from 0, a piece starting at tile t holds
-    every row of the blocks that keep t (a trailing run) and as many tiles as rows x tiles x block_v <=
-    max_elements allows, between 1 and max_tiles, up to the largest K_b (tiles in it past a block's K_b are
+    """Dense pieces (first tile, end tile, first row, end row) covering, without overlap, the tiles >= start kept
+    by blocks (block_n rows each) whose kept tiles K_b ascend. Walking the tiles from start, a piece starting at
+    tile t holds every row of the blocks that keep t (a trailing run) and as many tiles as rows x tiles x block_v
+    <= max_elements allows, between 1 and max_tiles, up to the largest K_b (tiles in it past a block's K_b are
     that block's zeros). Where one tile of those rows exceeds max_elements, its rows are split into pieces of
     whole blocks, consecutive in the list."""
     out: list[tuple[int, int, int, int]] = []
     rows, end = len(kept) * block_n, max(kept, default=0)
-    t, first = 0, 0
+    t, first = start, 0
     while t < end:
         while kept[first] <= t:
             first += 1

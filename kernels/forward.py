@@ -41,7 +41,7 @@ TILES = ForwardTiles()
 
 @triton.jit
 def _lse_forward_kernel(
-    E, C, T, PERM, M_out, S_out, ZSUM_out, TLSE_out,
+    E, C, T, PERM, POS, TPOS_out, M_out, S_out, ZSUM_out, TLSE_out,
     N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, tiles_per_split,
     stride_tlse, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
@@ -51,16 +51,21 @@ def _lse_forward_kernel(
     """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs; results of split s go to row
     split_lo + s of M_out, S_out, ZSUM_out. C holds the rows of positions c_off, c_off + 1, ... (the whole head,
     c_off = 0, or a gathered span of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j]
-    (pointer loads). E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile)."""
+    (pointer loads). E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile). T: the raw targets;
+    with FILTERING, POS[v] is entry v's position (POS[PERM[j]] = j) and each row block's first split stores its
+    targets' positions (-1: ignored or out of range) in TPOS_out."""
     pid = tl.program_id(0)
     num_rblocks = tl.cdiv(N, BLOCK_N)
     rblock = pid % num_rblocks  # neighbouring programs share vocabulary tiles (L2 reuse of C)
     split = pid // num_rblocks
     rows = rblock * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    # raw targets (nothing to prepare before the launch), or with FILTERING their positions (-1: none)
-    y = tl.load(T + rows, mask=row_ok, other=ignore_index)
+    y = tl.load(T + rows, mask=row_ok, other=ignore_index)  # raw: nothing to prepare before the launch
     y = tl.where((y == ignore_index) | (y < 0) | (y >= V), -1, y)
+    if FILTERING:  # the loop compares positions
+        y = tl.load(POS + tl.maximum(y, 0), mask=y >= 0, other=-1)
+        if split == 0:
+            tl.store(TPOS_out + rows, y, mask=row_ok)
     rows_c = tl.minimum(rows, N - 1)
 
     m_run = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
@@ -159,14 +164,6 @@ def position_spans(vocab: int, row_bytes: int, block_v: int, permuted: bool) -> 
     return [(p0, min(vocab, p0 + rows)) for p0 in range(0, vocab, rows)]
 
 
-def target_positions(order: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Position of each target y_i in the vocabulary order (order[position] = y_i; -1 where y_i is outside
-    [0, V): ignored, or out of range, which the api reports after the kernels)."""
-    vocab = order.numel()
-    position = torch.empty_like(order).scatter_(0, order, torch.arange(vocab, device=order.device))
-    return torch.where((y >= 0) & (y < vocab), position[y.clamp(0, vocab - 1)], -1)
-
-
 def triton_forward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
@@ -188,14 +185,14 @@ def triton_forward(
     row_blocks, vocab_tiles = triton.cdiv(n, t.block_n), triton.cdiv(vocab, t.block_v)
     mass = filter_mass(filter, hidden.dtype)
     filtering = mass > 0.0 and not (softcap is not None and label_smoothing > 0.0) and n > 0
-    valid = targets != ignore_index
-    y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
+    # Before the launch only what the kernel reads: the host issues every op, and the GPU idles until the kernel
     order = torch.empty(0, dtype=torch.int64, device=dev)
-    kernel_targets = targets
+    position = target_pos = targets  # with a filter: entry v's position in the order, the targets' positions
     if filtering:
         mean_hidden = hidden.mean(dim=0, dtype=torch.float32).to(weight.dtype)
         order = torch.argsort(torch.mv(weight, mean_hidden).float(), descending=True)
-        kernel_targets = target_positions(order, y)
+        position = torch.empty_like(order).scatter_(0, order, torch.arange(vocab, device=dev))
+        target_pos = torch.empty_like(targets)  # written by the kernel (-1: ignored or out of range)
     # (span, first tile, end tile, tiles per split, first split) of each launch; each has its own splits
     launches, total_splits = [], 0
     by_perm = filtering and not GATHER_HEAD
@@ -216,7 +213,7 @@ def triton_forward(
         c_arg, c_tma = (head, False) if by_perm else tma_operand(head, [t.block_v, t.block_k])
         programs = row_blocks * triton.cdiv(tile_hi - tile_lo, tiles_per_split)
         _lse_forward_kernel[(programs,)](
-            e_arg, c_arg, kernel_targets, order if filtering else targets, m_part, s_part, zsum_part,
+            e_arg, c_arg, targets, order if filtering else targets, position, target_pos, m_part, s_part, zsum_part,
             tile_lse if filtering else m_part,
             n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, tiles_per_split,
             padded, softcap or 1.0, ignore_index,
@@ -224,6 +221,8 @@ def triton_forward(
             HEAD_BY_PERM=by_perm, E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps,
             num_stages=t.num_stages if hidden.element_size() == 2 else 2, **tl_args,  # float32: 96 KiB a stage
         )
+    valid = targets != ignore_index
+    y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
     z_y = torch.empty(n, dtype=torch.float32, device=dev)
     if n > 0:
         _target_logit_kernel[(triton.cdiv(n, 16),)](
@@ -246,4 +245,4 @@ def triton_forward(
     rows = kept = torch.empty(0, dtype=torch.int64, device=dev)
     if filtering:
         rows, kept = triton_plan(tile_lse, lse, y >= 0, t.block_n, mass)
-    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, order, rows, kept, kernel_targets)
+    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, order, rows, kept, target_pos)
