@@ -255,8 +255,9 @@ def measure_interleaved(
 ) -> dict[str, dict]:
     """{method: {"fwd ms", "fwd+bwd ms" (median), "... min", "... max", "fwd MiB", "fwd+bwd MiB"}}. Every method is
     warmed up and its peak memory taken alone; then the timed runs go round-robin, one of each method per round
-    (`iters` rounds), so that clock and power-cap drift on the GPU touches every method alike. A method that fails
-    (an out-of-memory error, a library error) gets {"error": ...} and leaves the rounds."""
+    (`iters` rounds), in reverse order every other round, so that clock and power-cap drift on the GPU and the
+    method run just before touch every method alike. A method that fails (an out-of-memory error, a library error)
+    gets {"error": ...} and leaves the rounds."""
     timer = Timer(device)
     steps, out = {}, {}
     for name, fn in loss_fns.items():
@@ -274,8 +275,8 @@ def measure_interleaved(
             torch.cuda.empty_cache()
     for kind in ("fwd", "fwd+bwd"):
         times: dict[str, list[float]] = {name: [] for name in steps}
-        for _ in range(iters):
-            for name in list(times):
+        for round_ in range(iters):
+            for name in list(times)[:: 1 if round_ % 2 == 0 else -1]:
                 try:
                     times[name].append(timer(steps[name][kind]))
                 except Exception as e:  # noqa: BLE001
