@@ -218,6 +218,30 @@ def test_a_larger_budget_drops_more(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (kept_tiles[2.0**-8] == 0).all() and (kept_tiles[2.0**-10] > 0).any()
 
 
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_pieces_queued_before_the_plan_compute_only_the_kept_tiles(share: float,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pieces the backward queues before it has the plan cover tiles [0, P) of every row and the dZ kernel masks
+    what each block does not keep, so the gradients are the plan's: P = 1 tile (PREFIX_SHARE 0: the least) and every
+    tile (1: all pieces before the plan). float32 and loose: computing every dropped tile moves the gradients by
+    ~2e-4 of their largest, ten times float32's rule (2e-5), which the filtered truth is held to."""
+    monkeypatch.setattr(backward, "PREFIX_SHARE", share)
+    hidden, weight, targets = _mixed_case(torch.float32)
+    *_, (_, _, _, order, rows, kept, _) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, "loose")
+    tiles = -(-V // forward.TILES.block_v)
+    assert kept.min() == 0 and kept.double().mean() <= backward.STAIRCASE_MAX_SHARE * tiles  # the staircase runs
+    kw = dict(label_smoothing=0.1)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="loose", **kw)
+    per_token = lce_filter.kept_per_token(rows, kept, N, forward.TILES.block_n)
+    *filtered, _ = filtered_truth(hidden, weight, targets, per_token, forward.TILES.block_v, 0.1, order)
+    truth, own = truth_and_torch(hidden, weight, targets, **kw)
+    assert_accurate(ours, tuple(filtered), tuple(f + (o - t) for f, o, t in zip(filtered, own, truth)),
+                    torch.float32)
+    dense = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="none", **kw)
+    gap = [((d - o).abs().max() / t.abs().max()).item() for d, o, t in zip(dense[1:], ours[1:], truth[1:])]
+    assert min(gap) > 1e-4  # every dropped tile computed would move the gradients by 5x float32's rule (2e-4 here)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_filter_on_a_flat_softmax(dtype: torch.dtype) -> None:
     """Random logits of std 3: the filter drops little; float32 reads the gathered rows by pointers."""
