@@ -465,6 +465,7 @@ def _add_dc(out: torch.Tensor, dz_t: torch.Tensor, e: torch.Tensor, uniform_row:
 
 
 def _with_transpose(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t, t^T), views."""
     return t, t.T
 
 
@@ -534,6 +535,7 @@ class _Staircase:
                                 start=self.prefix_tiles))
 
     def _view(self, key: tuple, make: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+        """The views `make` returns, made on the first call with this key."""
         views = self._views.get(key)
         if views is None:
             views = self._views[key] = make()
