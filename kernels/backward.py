@@ -408,8 +408,8 @@ class _Recompute:
         directly, on the stream of the first (Triton's launcher re-derives the specialisation of ~35 arguments per
         call, ~30 us of host time): the arguments that change between launches are multiples of 16 (r0, c0, c_off,
         the dZ row stride: whole tiles) or not specialised on (row_tiles, vc)."""
-        rb = -(-nr // forward.TILES.block_n)
-        programs = min(rb * -(-vc // TILES.dz_block_v), self.sms)
+        rb = triton.cdiv(nr, forward.TILES.block_n)
+        programs = min(rb * triton.cdiv(vc, TILES.dz_block_v), self.sms)
         args = (*self.head_args, dz, *self.sizes, r0, rb, c0, vc, c_off, *self.strides, dz.stride(0), *self.tail_args)
         if self.compiled is None:  # under the interpreter a launch returns nothing: every launch comes here
             self.compiled = _dz_kernel[(programs,)](*args, **self.options)

@@ -4,10 +4,11 @@ For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s *
 - `_lse_forward_kernel`: program (row block, vocabulary split) walks its vocabulary tiles and keeps the online
   max m and sum s = sum exp(z - m) over v != y, plus sum_v z_iv (all v). For the backward's gradient filter
   (kernels/filter.py), with FILTERING tile position j holds vocabulary entry PERM[j] (the vocabulary sorted so
-  that likely tokens share tiles), the targets come as positions, and each row's log-sum-exp of each tile's
-  non-target logits is stored, (tiles, N). The loop compares positions and loads no ids for that (with the head
-  read in place it loads C's rows through PERM): the variant that loaded the ids per tile compiled with 646
-  spilled registers (30x slower) on one H100 on 2026-11-25; that machine was not retested with this one.
+  that likely tokens share tiles), each row block looks its targets' positions up once (POS, the order's inverse)
+  and stores them for the backward, and each row's log-sum-exp of each tile's non-target logits is stored,
+  (tiles, N). The loop compares positions and loads no ids for that (with the head read in place it loads C's
+  rows through PERM): the variant that loaded the ids per tile compiled with 646 spilled registers (30x slower)
+  on one H100 on 2026-11-25; that machine was not retested with this one.
 - `_target_logit_kernel`: z_iy, one dot product per token.
 - `triton_forward` combines the splits: LSE_i = logaddexp(m + log s, z_iy) and
   loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv.
