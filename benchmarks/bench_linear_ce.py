@@ -291,7 +291,7 @@ def measure_interleaved(
 def active_share(inputs: tuple[torch.Tensor, ...], beta: float, filter: str) -> float:
     """Share of (row block x vocabulary tile) logit products our backward computes (the rest filtered)."""
     hidden, weight, targets = inputs
-    *_, (_, _, _, _, _, kept, _) = forward.triton_forward(hidden, weight, targets, beta, -100, None, filter)
+    *_, (_, _, _, _, _, kept, *_) = forward.triton_forward(hidden, weight, targets, beta, -100, None, filter)
     return kept_share(kept, -(-weight.shape[0] // forward.TILES.block_v))
 
 

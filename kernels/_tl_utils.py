@@ -11,15 +11,16 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 def tma_operand(t: torch.Tensor, block: list[int]) -> tuple[object, bool]:
-    """(a TMA tensor descriptor of the 2-D t with that block shape, True) where TMA can read t: rows contiguous,
-    16-byte aligned row stride and base, on a GPU of compute capability >= 9 (or under the interpreter); else
-    (t, False), for pointer loads. 16-bit dtypes only (float32 keeps the pointer path and its IEEE products)."""
+    """(a TMA tensor descriptor of t (2- or 3-D) with that block shape, True) where TMA can reach t: last dimension
+    contiguous, 16-byte aligned strides and base, on a GPU of compute capability >= 9 (or under the interpreter);
+    else (t, False), for pointer access. 16-bit dtypes only (float32 keeps the pointer path and its IEEE
+    products)."""
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     ok = (
         (interpret or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9))
         and t.element_size() == 2
-        and t.stride(1) == 1
-        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.stride(-1) == 1
+        and all((stride * t.element_size()) % 16 == 0 for stride in t.stride()[:-1])
         and t.data_ptr() % 16 == 0
         and t.shape[0] > 0
     )

@@ -144,6 +144,7 @@ def linear_cross_entropy(
     loss, lse, target_prob, max_prob = LinearCrossEntropyFunction.apply(
         flat_hidden, weight, flat_targets, backend, float(label_smoothing), int(ignore_index),
         None if softcap is None else float(softcap), filter if wants_grad else "none", backward_check,
+        wants_grad and weight.requires_grad,
     )
     if hidden.is_cuda:  # queued behind the forward kernels
         check.start()

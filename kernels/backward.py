@@ -81,19 +81,20 @@ def prefix_tiles(vocab_tiles: int) -> int:
 def _dz_kernel(
     E, C, Y, LSE, G, GSCALE, KEPT, DZ,
     N, V, D, r0, row_tiles, c0, vc, c_off, stride_en, stride_ed, stride_cv, stride_cd, stride_dz,
-    beta_over_v, softcap,
+    beta_over_v, one_minus_beta, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     GROUP_V: tl.constexpr, MASK_V: tl.constexpr, FILTERING: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    DENSE_UNIFORM: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DENSE_PARTS: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i] (- beta / V if DENSE_UNIFORM)) (1 - (z_iv / s)^2 if
-    softcap) for rows i (of E, LSE, G, Y) and vocabulary positions j of the (row_tiles x vc) chunk starting at row
-    r0, position c0 (v: the entry at position j; Y holds the targets' positions), program p taking tiles p,
-    p + programs, ... in one flattened loop (the next tile's loads overlap this one's softmax); tiles are numbered
-    by groups of GROUP_V vocabulary tiles, each over all rows (so a wave reads one group of head rows, which stays
-    in L2); C holds the head rows of positions c_off, c_off + 1, ... With FILTERING, tiles of row block b at filter
-    tiles (MASK_V wide) >= KEPT[b] are not computed and written as zeros."""
+    """dZ[i - r0, j - c0] = (g_i / gscale) (p_iv [v != y_i]) (1 - (z_iv / s)^2 if softcap) for rows i (of E, LSE,
+    G, Y) and vocabulary positions j of the (row_tiles x vc) chunk starting at row r0, position c0 (v: the entry at
+    position j; Y holds the targets' positions); with DENSE_PARTS the whole gradient of the logit,
+    (g_i / gscale) (p_iv - (1 - beta) [v = y_i] - beta / V) (1 - (z_iv / s)^2 if softcap). Program p takes tiles
+    p, p + programs, ... in one flattened loop (the next tile's loads overlap this one's softmax); tiles are
+    numbered by groups of GROUP_V vocabulary tiles, each over all rows (so a wave reads one group of head rows,
+    which stays in L2); C holds the head rows of positions c_off, c_off + 1, ... With FILTERING, tiles of row block
+    b at filter tiles (MASK_V wide) >= KEPT[b] are not computed and written as zeros."""
     tiles_v = tl.cdiv(vc, BLOCK_V)
     k_tiles = tl.cdiv(D, BLOCK_K)
     for tile in tl.range(tl.program_id(0), row_tiles * tiles_v, tl.num_programs(0), flatten=True):
@@ -121,9 +122,11 @@ def _dz_kernel(
         lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
         g = tl.load(G + rows, mask=row_ok, other=0.0) / tl.load(GSCALE)
         y = tl.load(Y + rows, mask=row_ok, other=-1)
-        dz = tl.where(col_ok[None, :] & (pos[None, :] != y[:, None]), tl.exp(z - lse[:, None]), 0.0)
-        if DENSE_UNIFORM:
-            dz = tl.where(col_ok[None, :], dz - beta_over_v, 0.0)
+        if DENSE_PARTS:
+            target = tl.where(pos[None, :] == y[:, None], one_minus_beta, 0.0)
+            dz = tl.where(col_ok[None, :], tl.exp(z - lse[:, None]) - target - beta_over_v, 0.0)
+        else:
+            dz = tl.where(col_ok[None, :] & (pos[None, :] != y[:, None]), tl.exp(z - lse[:, None]), 0.0)
         dz = dz * g[:, None]
         if HAS_SOFTCAP:
             dz = dz * (1.0 - (z / softcap) * (z / softcap))
@@ -138,14 +141,12 @@ def _dz_kernel(
 @triton.jit
 def _finalize_de_kernel(
     ACC, DE, C, Y, A, UB, CMEAN, ROWS, N, R, D, stride_cv, stride_cd,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_UNIFORM: tl.constexpr, HAS_ROWS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_UNIFORM: tl.constexpr,
 ):
     """dE_i = acc_p + a_i C_{y_i} - beta g_i mean_v C_v in dE's dtype, for the R rows p of ACC (float32,
-    contiguous), i = ROWS[p] (i = p without HAS_ROWS; rows i >= N are padding)."""
+    contiguous), i = ROWS[p] (rows i >= N are padding)."""
     ps = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rows = ps
-    if HAS_ROWS:
-        rows = tl.load(ROWS + ps, mask=ps < R, other=N)
+    rows = tl.load(ROWS + ps, mask=ps < R, other=N)
     ds = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     r_ok = (ps < R) & (rows < N)
     ok = r_ok[:, None] & (ds < D)[None, :]
@@ -238,20 +239,15 @@ def triton_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dE, dC) of sum_i g_i loss_i; see the module docstring for the decomposition and kernels/filter.py for the
     filter (its row order and kept tiles come from the forward, in `saved`)."""
-    lse, z_y, rest_prob, order, rows, kept, target_pos = saved
+    lse, z_y, rest_prob, order, rows, kept, target_pos, d_weight_storage, shift = saved
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
     beta = label_smoothing
-    rank_one_uniform = beta > 0.0 and softcap is None
     valid = targets != ignore_index
     y = torch.where(valid, targets, -1)
     g = torch.where(valid, grad_loss.float(), 0.0)
     gscale = _gradient_scale(g, hidden.dtype)
-    a = g * (beta - rest_prob)  # g (p_y - (1 - beta))
-    if softcap is not None:
-        a = a * (1.0 - (z_y / softcap) ** 2)
-    a = torch.where(valid, a, 0.0)
 
     plan = stairs = None
     if rows.numel() > 0 and n > 0:  # the filter's plan, read once the GPU has the work queued below
@@ -259,35 +255,59 @@ def triton_backward(
         stairs = _Staircase(hidden, weight, target_pos, lse, g, gscale, order, rows, kept, beta, softcap,
                             need_hidden_grad)
     acc = torch.zeros((max(rows.numel(), n), d), dtype=torch.float32, device=dev) if need_hidden_grad else None
-    d_weight = uniform_row = None
-    if need_weight_grad and rank_one_uniform:
-        uniform_row = (-(beta / vocab) * weighted_colsum(hidden, g)).to(weight.dtype)
-    if need_weight_grad:  # written by the path taken below (the dense one uses its unwritten rows meanwhile)
-        d_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    # written by the path taken below (the dense one uses its unwritten rows meanwhile); the forward may have
+    # allocated it, holding logits it kept
+    d_weight = None
+    if need_weight_grad:
+        d_weight = d_weight_storage.view(weight.shape) if d_weight_storage.numel() else torch.empty_like(
+            weight, memory_format=torch.contiguous_format)
     alpha = float(gscale) if hidden.dtype == torch.float16 else 1.0  # float16: a host sync (gscale)
-    if stairs is not None:  # one host sync, with the first pieces queued
+    if stairs is not None:  # one host sync, with the first pieces queued (a filter runs without softcap if beta > 0)
+        uniform_row = None
+        if d_weight is not None and beta > 0.0:
+            uniform_row = (-(beta / vocab) * weighted_colsum(hidden, g)).to(weight.dtype)
         stairs.start(weight, d_weight, uniform_row, acc, alpha)
         kept_host = plan.get()
         if kept_host.mean() <= STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v):
             stairs.finish(kept_host)
-        else:  # little dropped: dense, in the natural orders, from the start
-            rows, stairs = rows[:0], None
-            if acc is not None:
-                acc.zero_()
-    if stairs is None and n > 0:
-        _dense_part(hidden, weight, y, lse, g, gscale, d_weight, uniform_row, acc, beta, softcap, alpha)
-    elif d_weight is not None and n == 0:
+            return _low_rank_parts(hidden, weight, y, g, z_y, rest_prob, rows, acc, d_weight, beta, softcap)
+        stairs = None  # little dropped: dense, in the natural orders, from the start (its buffers freed)
+        if acc is not None:
+            acc.zero_()
+    if n > 0:
+        start = 0
+        if shift.numel() > 0:  # the forward kept the logits of the first vocabulary chunks in dC's storage
+            start = _kept_part(hidden, weight, y, lse, g, gscale, z_y, rest_prob, shift, d_weight, acc, beta,
+                               softcap, alpha)
+        _dense_part(hidden, weight, y, lse, g, gscale, d_weight, acc, beta, softcap, alpha, start)
+    elif d_weight is not None:
         d_weight.zero_()
+    return (acc[:n].to(hidden.dtype) if acc is not None else None), d_weight
+
+
+def _low_rank_parts(
+    hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, g: torch.Tensor, z_y: torch.Tensor,
+    rest_prob: torch.Tensor, rows: torch.Tensor, acc: torch.Tensor | None, d_weight: torch.Tensor | None,
+    beta: float, softcap: float | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dE, dC) after the staircase: dE = acc (rows in the row order `rows`) + the target column a_i C_{y_i} and
+    the uniform part -beta g_i mean_v C_v; dC (holding the uniform part and the softmax part) += the target
+    column's sum_{j: y_j = u} a_j E_j, with a_i = g_i (p_iy - (1 - beta)) (1 - (z_iy / s)^2 with softcap)."""
+    n, d = hidden.shape
+    a = g * (beta - rest_prob)  # g (p_y - (1 - beta)), exact where p_y rounds to 1
+    if softcap is not None:
+        a = a * (1.0 - (z_y / softcap) ** 2)
+    a = torch.where(y >= 0, a, 0.0)
     d_hidden = None
     if acc is not None:
-        cmean = weighted_colsum(weight) / vocab if rank_one_uniform else a  # a: an unused pointer otherwise
-        d_hidden = torch.empty((n, d), dtype=hidden.dtype, device=dev)
-        if n > 0:
-            _finalize_de_kernel[(triton.cdiv(acc.shape[0], 32), triton.cdiv(d, 128))](
-                acc, d_hidden, weight, y, a, beta * g, cmean, rows if rows.numel() else y, n, acc.shape[0], d,
-                *weight.stride(), BLOCK_R=32, BLOCK_D=128, HAS_UNIFORM=rank_one_uniform, HAS_ROWS=rows.numel() > 0,
-            )
-    if d_weight is not None and n > 0:
+        uniform = beta > 0.0  # filters run without softcap where beta > 0: the uniform part is rank one
+        cmean = weighted_colsum(weight) / weight.shape[0] if uniform else a  # a: an unused pointer otherwise
+        d_hidden = torch.empty((n, d), dtype=hidden.dtype, device=hidden.device)
+        _finalize_de_kernel[(triton.cdiv(acc.shape[0], 32), triton.cdiv(d, 128))](
+            acc, d_hidden, weight, y, a, beta * g, cmean, rows, n, acc.shape[0], d, *weight.stride(),
+            BLOCK_R=32, BLOCK_D=128, HAS_UNIFORM=uniform,
+        )
+    if d_weight is not None:
         sorted_y, tokens = torch.sort(y)
         _target_dc_kernel[(n, triton.cdiv(d, 128))](
             d_weight, hidden, a, tokens, sorted_y, n, d, *hidden.stride(), *d_weight.stride(), BLOCK_T=16, BLOCK_D=128,
@@ -341,8 +361,9 @@ class DenseChunk:
     workspace: int | None
 
 
-def dense_chunks(n: int, vocab: int, d: int, itemsize: int, has_acc: bool, has_dc: bool) -> list[DenseChunk]:
-    """The dense path's vocabulary chunks, in order. With dC computed (has_dc), chunk c0 writes dC rows
+def dense_chunks(n: int, vocab: int, d: int, itemsize: int, has_acc: bool, has_dc: bool,
+                 start: int = 0) -> list[DenseChunk]:
+    """The dense path's vocabulary chunks from position `start` (dC rows below it written), in order. With dC computed (has_dc), chunk c0 writes dC rows
     [c0, c0 + vc) only, so rows [c0 + vc, V) hold nothing yet: while a chunk of every row, up to
     TILES.workspace_vocab wide, fits at the end of that space (padded rows x vc <= (V - c0 - vc) d) and is larger
     than the dedicated chunk, its dZ lives there, each of its dC rows is written once and dE's float32 accumulator
@@ -353,7 +374,7 @@ def dense_chunks(n: int, vocab: int, d: int, itemsize: int, has_acc: bool, has_d
     ded_rows, ded_vocab = chunk_shape(row_blocks, triton.cdiv(vocab, ft.block_v), d, n, itemsize, has_acc)
     padded_rows, tile = row_blocks * ft.block_n, bt.dz_block_v
     out: list[DenseChunk] = []
-    c0 = 0
+    c0 = start
     while has_dc and n > 0:
         room = (vocab - c0) * d - WORKSPACE_ALIGN  # elements of dC from row c0 on, less the alignment
         vc = min(bt.workspace_vocab, room // (padded_rows + d)) // tile * tile  # vc rows of dC + its dZ fit
@@ -369,7 +390,8 @@ def dense_chunks(n: int, vocab: int, d: int, itemsize: int, has_acc: bool, has_d
 @dataclass
 class _Recompute:
     """What every dZ launch of one backward shares: rows (E, LSE, G, Y in the row order), the head operand (the
-    whole head, or a buffer of gathered rows), the kept tiles (with a filter)."""
+    whole head, or a buffer of gathered rows), the kept tiles (with a filter); dense_parts: dZ holds the whole
+    gradient of the logits (the dense path)."""
 
     e: torch.Tensor
     y: torch.Tensor
@@ -381,6 +403,7 @@ class _Recompute:
     vocab: int
     beta: float
     softcap: float | None
+    dense_parts: bool = False
 
     def __post_init__(self) -> None:
         ft, bt = forward.TILES, TILES
@@ -391,9 +414,9 @@ class _Recompute:
         self.sizes = (self.e.shape[0], self.vocab, self.e.shape[1])
         # every argument after the launch's own (r0, row_tiles, c0, vc, c_off, dZ row stride), constexprs included
         self.tail_args = (
-            self.beta / self.vocab, self.softcap or 1.0, ft.block_n, bt.dz_block_v, ft.block_k,
+            self.beta / self.vocab, 1.0 - self.beta, self.softcap or 1.0, ft.block_n, bt.dz_block_v, ft.block_k,
             self.e.shape[1] % ft.block_k == 0, bt.dz_group_v, ft.block_v, filtering, self.softcap is not None,
-            self.softcap is not None and self.beta > 0.0, e_tma, c_tma, *dot_flags(self.e.dtype).values(),
+            self.dense_parts, e_tma, c_tma, *dot_flags(self.e.dtype).values(),
         )
         self.strides = (*self.e.stride(), *self.head.stride())
         self.options = dict(num_warps=ft.num_warps, num_stages=bt.dz_stages if self.e.element_size() == 2 else 2)
@@ -420,18 +443,75 @@ class _Recompute:
         runner(*args, stream=self.stream)
 
 
+def _kept_part(
+    hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+    gscale: torch.Tensor, z_y: torch.Tensor, rest_prob: torch.Tensor, shift: torch.Tensor, d_weight: torch.Tensor,
+    acc: torch.Tensor | None, beta: float, softcap: float | None, alpha: float,
+) -> int:
+    """The vocabulary chunks whose logits the forward kept in dC's storage (forward.kept_chunks): each turned into
+    its dZ in place, then dC rows = dZ^T E and acc += alpha dZ C, chunk by chunk. Returns the vocabulary positions
+    done."""
+    n, d = hidden.shape
+    ft = forward.TILES
+    width = ft.keep_vocab
+    chunks = shift.shape[0] * ft.block_v // width
+    region = d_weight.view(-1)[d_weight.numel() - chunks * width * n :]
+    row_blocks = triton.cdiv(n, ft.block_n)
+    _kept_dz_kernel[(chunks * row_blocks, width // ft.block_v)](
+        region, shift, lse, g, gscale, y, rest_prob, z_y, n, width // ft.block_v, beta, beta / weight.shape[0],
+        softcap or 1.0, BLOCK_N=ft.block_n, BLOCK_V=ft.block_v, HAS_SOFTCAP=softcap is not None,
+    )
+    for j in range(chunks):
+        dz = region[j * width * n : (j + 1) * width * n].view(n, width)
+        _add_dc(d_weight[j * width : (j + 1) * width], dz.T, hidden, None, alpha, True)
+        if acc is not None:
+            _accumulate_f32(acc[:n], dz, weight[j * width : (j + 1) * width], alpha)
+    return chunks * width
+
+
+@triton.jit
+def _kept_dz_kernel(
+    Z, SHIFT, LSE, G, GSCALE, Y, REST, ZY, N, chunk_tiles, beta, beta_over_v, softcap,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+):
+    """In place, Z's chunks (N x W each, W = chunk_tiles BLOCK_V, one after another: vocabulary positions jW ...)
+    of logits less SHIFT[tile, row] (the target's -inf) become dZ = (g_i / gscale) (p_iv - (1 - beta) [v = y_i] -
+    beta / V) (1 - (z_iv / s)^2 with softcap), p_iv = exp(z_iv - LSE_i); at the target p - (1 - beta) is taken
+    exactly as beta - REST_i (REST = 1 - p_y) and z as ZY_i. Program (chunk, row block) x tile of the chunk."""
+    row_blocks = tl.cdiv(N, BLOCK_N)
+    chunk = tl.program_id(0) // row_blocks
+    rows = (tl.program_id(0) % row_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    tile = chunk * chunk_tiles + tl.program_id(1)
+    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    ptrs = Z + (chunk * N + rows).to(tl.int64)[:, None] * (chunk_tiles * BLOCK_V) + cols[None, :]
+    shift = tl.load(SHIFT + tile * N + rows, mask=row_ok, other=0.0)
+    z = tl.load(ptrs, mask=row_ok[:, None], other=float("-inf")).to(tl.float32) + shift[:, None]
+    lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
+    g = tl.load(G + rows, mask=row_ok, other=0.0) / tl.load(GSCALE)
+    y = tl.load(Y + rows, mask=row_ok, other=-1)
+    rest = tl.load(REST + rows, mask=row_ok, other=1.0)
+    target = (tile * BLOCK_V + tl.arange(0, BLOCK_V))[None, :] == y[:, None]
+    dz = tl.where(target, beta - rest[:, None], tl.exp(z - lse[:, None])) - beta_over_v
+    if HAS_SOFTCAP:
+        z = tl.where(target, tl.load(ZY + rows, mask=row_ok, other=0.0)[:, None], z)
+        dz = dz * (1.0 - (z / softcap) * (z / softcap))
+    tl.store(ptrs, (dz * g[:, None]).to(Z.dtype.element_ty), mask=row_ok[:, None])
+
+
 def _dense_part(
     hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-    gscale: torch.Tensor, d_weight: torch.Tensor | None, uniform_row: torch.Tensor | None, acc: torch.Tensor | None,
-    beta: float, softcap: float | None, alpha: float,
+    gscale: torch.Tensor, d_weight: torch.Tensor | None, acc: torch.Tensor | None, beta: float,
+    softcap: float | None, alpha: float, start: int = 0,
 ) -> None:
-    """dC = uniform_row (or 0) + (softmax part)^T E (every row of dC written; its contents on entry unused) and
-    acc += alpha (softmax part) C (acc float32) over every row and tile, in the natural orders (rows of acc:
-    tokens): the chunks of `dense_chunks`, rows inside, the head read in place."""
+    """dC rows [start, V) = dZ^T E (their contents on entry unused) and acc += alpha dZ C (acc float32) with dZ the
+    whole gradient of the logits (target column and uniform part inside), over every row and the tiles from
+    `start` on, in the natural orders (rows of acc: tokens): the chunks of `dense_chunks`, rows inside, the head
+    read in place."""
     n, d = hidden.shape
     vocab = weight.shape[0]
-    chunks = dense_chunks(n, vocab, d, hidden.element_size(), acc is not None, d_weight is not None)
-    recompute = _Recompute(hidden, y, lse, g, gscale, weight, None, vocab, beta, softcap)
+    chunks = dense_chunks(n, vocab, d, hidden.element_size(), acc is not None, d_weight is not None, start)
+    recompute = _Recompute(hidden, y, lse, g, gscale, weight, None, vocab, beta, softcap, dense_parts=True)
     dedicated = None
     for chunk in chunks:
         c0, vc = chunk.c0, chunk.vc
@@ -447,7 +527,7 @@ def _dense_part(
             dz = space.as_strided((nr, vc), (stride, 1))
             recompute(dz, r0, nr, c0, vc, 0)
             if d_weight is not None:
-                _add_dc(d_weight[c0 : c0 + vc], dz.T, hidden[r0 : r0 + nr], uniform_row, alpha, r0 == 0)
+                _add_dc(d_weight[c0 : c0 + vc], dz.T, hidden[r0 : r0 + nr], None, alpha, r0 == 0)
             if acc is not None:
                 _accumulate_f32(acc[r0 : r0 + nr], dz, weight[c0 : c0 + vc], alpha)
 

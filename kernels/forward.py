@@ -35,22 +35,43 @@ class ForwardTiles:
     block_k: int = 64
     num_warps: int = 8
     num_stages: int = 4
+    keep_vocab: int = 8192  # width of a chunk of logits kept for a dense backward (a multiple of block_v)
+    keep_stages: int = 3  # pipeline stages while kept logits leave by TMA (their 64 KiB tile needs the memory)
 
 
 TILES = ForwardTiles()
 
 
+def kept_chunks(n: int, vocab: int, d: int) -> int:
+    """Chunks of TILES.keep_vocab leading vocabulary positions whose logits a dense forward keeps for its backward in
+    the storage of dC (V x d elements, allocated by the forward): chunk j (n x w, w = keep_vocab) lies at element
+    V d - (J - j) w n. The backward turns each into its dZ in place and writes dC rows [0, (j + 1) w) once done
+    with it, so chunk j must start past them: V d - (J - j) w n >= (j + 1) w d for j < J; J is the largest such
+    count (with J w <= V)."""
+    w, total = TILES.keep_vocab, vocab * d
+    chunks = 0
+    while (chunks + 1) * w <= vocab and all(
+        total - (chunks + 1 - j) * w * n >= (j + 1) * w * d for j in range(chunks + 1)
+    ):
+        chunks += 1
+    return chunks
+
+
 @triton.jit
 def _lse_forward_kernel(
-    E, C, T, PERM, POS, TPOS_out, M_out, S_out, ZSUM_out, TLSE_out,
-    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, tiles_per_split,
-    stride_tlse, softcap, ignore_index,
+    E, C, T, PERM, POS, TPOS_out, M_out, S_out, ZSUM_out, TLSE_out, KEEP_out, SHIFT_out,
+    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, splits,
+    stride_tlse, keep_tiles, keep_chunk_tiles, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, HEAD_BY_PERM: tl.constexpr, E_TMA: tl.constexpr,
-    C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, HEAD_BY_PERM: tl.constexpr, KEEP_LOGITS: tl.constexpr,
+    KEEP_TMA: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs; results of split s go to row
-    split_lo + s of M_out, S_out, ZSUM_out. C holds the rows of positions c_off, c_off + 1, ... (the whole head,
+    """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs (split s takes tiles tile_lo + s,
+    tile_lo + s + splits, ...); results of split s go to row split_lo + s of M_out, S_out, ZSUM_out. With
+    KEEP_LOGITS, tile t < keep_tiles also stores its logits less each row's tile max (the target's as -inf) in
+    chunk t // keep_chunk_tiles of KEEP_out (N x keep_chunk_tiles BLOCK_V each, one after another; a pointer, or
+    with KEEP_TMA a descriptor of the (chunks, N, keep_chunk_tiles BLOCK_V) array) and that max in SHIFT_out[t, row]
+    (see kept_chunks). C holds the rows of positions c_off, c_off + 1, ... (the whole head,
     c_off = 0, or a gathered span of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j]
     (pointer loads). E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile). T: the raw targets;
     with FILTERING, POS[v] is entry v's position (POS[PERM[j]] = j) and each row block's first split stores its
@@ -72,9 +93,8 @@ def _lse_forward_kernel(
     m_run = tl.full((BLOCK_N,), float("-inf"), dtype=tl.float32)
     s_run = tl.zeros((BLOCK_N,), dtype=tl.float32)
     z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    t_begin = tile_lo + split * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, tile_hi)
-    for t in tl.range(t_begin, t_end, flatten=True):  # one pipelined (tile, k) loop: loads overlap the softmax
+    # one pipelined (tile, k) loop: loads overlap the softmax; strided, so that every split keeps as many tiles
+    for t in tl.range(tile_lo + split, tile_hi, splits, flatten=True):
         pos = t * BLOCK_V + tl.arange(0, BLOCK_V)
         col_ok = pos < V
         c_rows = tl.minimum(pos, V - 1) - c_off
@@ -90,6 +110,20 @@ def _lse_forward_kernel(
         z_sum += tl.sum(tl.where(col_ok[None, :], z, 0.0), axis=1)
         z = tl.where(col_ok[None, :] & (pos[None, :] != y[:, None]), z, float("-inf"))
         t_max = tl.max(z, axis=1)
+        if KEEP_LOGITS:
+            if t < keep_tiles:
+                shift = tl.where(t_max == float("-inf"), 0.0, t_max)
+                tl.store(SHIFT_out + t * N + rows, shift, mask=row_ok)
+                chunk = t // keep_chunk_tiles
+                col0 = (t - chunk * keep_chunk_tiles) * BLOCK_V
+                if KEEP_TMA:  # through shared memory, asynchronously
+                    kept = (z - shift[:, None]).to(KEEP_out.dtype)
+                    KEEP_out.store([chunk, rblock * BLOCK_N, col0], kept.reshape(1, BLOCK_N, BLOCK_V))
+                else:
+                    width = keep_chunk_tiles * BLOCK_V
+                    block = KEEP_out + (chunk * N + rblock * BLOCK_N).to(tl.int64) * width + col0
+                    tl.store(block + tl.arange(0, BLOCK_N)[:, None] * width + tl.arange(0, BLOCK_V)[None, :],
+                             (z - shift[:, None]).to(KEEP_out.dtype.element_ty), mask=row_ok[:, None])
         m_new = tl.maximum(m_run, t_max)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         t_sum = tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
@@ -168,13 +202,17 @@ def position_spans(vocab: int, row_bytes: int, block_v: int, permuted: bool) -> 
 def triton_forward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     label_smoothing: float, ignore_index: int, softcap: float | None, filter: str = "exact",
+    keep_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """(loss, LSE, target probability, max probability, saved for backward = (LSE, z_y, 1 - p_y, vocabulary
-    order, row order, kept tiles, the targets' positions in the order)). With a filter that drops mass
-    (kernels/filter.py; not with softcap and beta > 0, which must stay dense) the vocabulary is walked in the order
-    of descending mean logit over the batch (C @ mean_i E_i), and kernels/plan_triton.py turns the per-row tile
-    statistics into the backward's row order and kept tiles; otherwise the three are empty (natural order,
-    everything kept) and the positions are the raw targets."""
+    order, row order, kept tiles, the targets' positions in the order, dC's storage, the kept logits' shifts)).
+    With a filter that drops mass (kernels/filter.py; not with softcap and beta > 0, which must stay dense) the
+    vocabulary is walked in the order of descending mean logit over the batch (C @ mean_i E_i), and
+    kernels/plan_triton.py turns the per-row tile statistics into the backward's row order and kept tiles;
+    otherwise the three are empty (natural order, everything kept) and the positions are the raw targets. Without
+    a filter and with keep_logits (dC will be computed), the forward allocates dC's storage and keeps the logits
+    of the first `kept_chunks` vocabulary chunks there (bf16 logits less their tile max, and that max in float32):
+    the backward skips their recompute; otherwise both are empty."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -194,33 +232,41 @@ def triton_forward(
         order = torch.argsort(torch.mv(weight, mean_hidden).float(), descending=True)
         position = torch.empty_like(order).scatter_(0, order, torch.arange(vocab, device=dev))
         target_pos = torch.empty_like(targets)  # written by the kernel (-1: ignored or out of range)
-    # (span, first tile, end tile, tiles per split, first split) of each launch; each has its own splits
+    # (span, first tile, end tile, splits, first split) of each launch; each has its own splits
     launches, total_splits = [], 0
     by_perm = filtering and not GATHER_HEAD
     for p0, p1 in position_spans(vocab, d * weight.element_size(), t.block_v, filtering and not by_perm):
         tile_lo, tile_hi = p0 // t.block_v, triton.cdiv(p1, t.block_v)
         splits = choose_splits(n, row_blocks, tile_hi - tile_lo, num_sms(dev))
-        tiles_per_split = triton.cdiv(tile_hi - tile_lo, splits)
-        launches.append(((p0, p1), tile_lo, tile_hi, tiles_per_split, total_splits))
-        total_splits += triton.cdiv(tile_hi - tile_lo, tiles_per_split)
+        launches.append(((p0, p1), tile_lo, tile_hi, splits, total_splits))
+        total_splits += splits
     m_part = torch.empty(total_splits, n, dtype=torch.float32, device=dev)
     s_part, zsum_part = torch.empty_like(m_part), torch.empty_like(m_part)
     padded = row_blocks * t.block_n
     # (tiles, padded N) float32: 32 MiB at N = 8192, V = 262144, freed at the end of the forward
     tile_lse = torch.empty(vocab_tiles if filtering else 0, padded, dtype=torch.float32, device=dev)
+    chunks = kept_chunks(n, vocab, d) if keep_logits and not filtering and n > 0 else 0
+    keep_tiles = chunks * t.keep_vocab // t.block_v
+    d_weight_storage = torch.empty(vocab * d if chunks else 0, dtype=weight.dtype, device=dev)
+    shift = torch.empty(keep_tiles, n, dtype=torch.float32, device=dev)
+    kept_region = d_weight_storage[vocab * d - chunks * t.keep_vocab * n :]
+    keep_arg, keep_tma = hidden, False  # an unused pointer without kept logits
+    if chunks:
+        keep_arg, keep_tma = tma_operand(kept_region.view(chunks, n, t.keep_vocab), [1, t.block_n, t.block_v])
     e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
-    for (p0, p1), tile_lo, tile_hi, tiles_per_split, split_lo in launches if n > 0 else ():
+    for (p0, p1), tile_lo, tile_hi, splits, split_lo in launches if n > 0 else ():
         head = weight if not filtering or by_perm else weight.index_select(0, order[p0:p1])  # row j: position p0 + j
         c_arg, c_tma = (head, False) if by_perm else tma_operand(head, [t.block_v, t.block_k])
-        programs = row_blocks * triton.cdiv(tile_hi - tile_lo, tiles_per_split)
-        _lse_forward_kernel[(programs,)](
+        _lse_forward_kernel[(row_blocks * splits,)](
             e_arg, c_arg, targets, order if filtering else targets, position, target_pos, m_part, s_part, zsum_part,
-            tile_lse if filtering else m_part,
-            n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, tiles_per_split,
-            padded, softcap or 1.0, ignore_index,
+            tile_lse if filtering else m_part, keep_arg, shift if chunks else m_part,
+            n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, splits,
+            padded, keep_tiles, t.keep_vocab // t.block_v, softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, FILTERING=filtering,
-            HEAD_BY_PERM=by_perm, E_TMA=e_tma, C_TMA=c_tma, num_warps=t.num_warps,
-            num_stages=t.num_stages if hidden.element_size() == 2 else 2, **tl_args,  # float32: 96 KiB a stage
+            HEAD_BY_PERM=by_perm, KEEP_LOGITS=chunks > 0, KEEP_TMA=keep_tma, E_TMA=e_tma, C_TMA=c_tma,
+            num_warps=t.num_warps, **tl_args,
+            # float32: 96 KiB a stage; a TMA store of kept logits: 64 KiB of shared memory more
+            num_stages=(t.keep_stages if keep_tma else t.num_stages) if hidden.element_size() == 2 else 2,
         )
     valid = targets != ignore_index
     y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
@@ -246,4 +292,5 @@ def triton_forward(
     rows = kept = torch.empty(0, dtype=torch.int64, device=dev)
     if filtering:
         rows, kept = triton_plan(tile_lse, lse, y >= 0, t.block_n, mass)
-    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, order, rows, kept, target_pos)
+    return loss, lse, target_prob, max_prob, (lse, z_y, rest_prob, order, rows, kept, target_pos,
+                                              d_weight_storage, shift)

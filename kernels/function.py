@@ -1,7 +1,8 @@
 """The autograd Function shared by both backends: forward keeps only O(N) state, backward recomputes.
 
-A backend supplies `forward(E, C, y, beta, ignore_index, softcap, filter) -> (loss, lse, p_target, p_max, saved)`
-(per token, float32; `saved`: O(N + V) tensors) and
+A backend supplies `forward(E, C, y, beta, ignore_index, softcap, filter, keep_logits) -> (loss, lse, p_target,
+p_max, saved)` (per token, float32; `saved`: O(N + V) tensors, or dC's storage, allocated early to hold logits for
+the backward, where keep_logits says dC will be needed) and
 `backward(E, C, y, saved, g, beta, ignore_index, softcap, filter, need_dE, need_dC) -> (dE, dC)` (filter:
 one of kernels.filter.FILTERS).
 """
@@ -17,7 +18,7 @@ import torch
 class Backend(Protocol):
     def forward(
         self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-        label_smoothing: float, ignore_index: int, softcap: float | None, filter: str,
+        label_smoothing: float, ignore_index: int, softcap: float | None, filter: str, keep_logits: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]: ...
 
     def backward(
@@ -42,10 +43,12 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         softcap: float | None,
         filter: str = "exact",
         input_check: Callable[[], None] | None = None,
+        keep_logits: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """input_check: raises on bad input; called at the end of the backward (after its work is queued)."""
+        """input_check: raises on bad input; called at the end of the backward (after its work is queued).
+        keep_logits: the backward will compute the weight's gradient (autograd cannot tell inside forward)."""
         loss, lse, target_prob, max_prob, saved = backend.forward(
-            hidden, weight, targets, label_smoothing, ignore_index, softcap, filter
+            hidden, weight, targets, label_smoothing, ignore_index, softcap, filter, keep_logits
         )
         ctx.save_for_backward(hidden, weight, targets, *saved)
         ctx.backend, ctx.label_smoothing, ctx.ignore_index, ctx.softcap, ctx.filter, ctx.input_check = (
@@ -63,4 +66,4 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         )
         if ctx.input_check is not None:
             ctx.input_check()
-        return d_hidden, d_weight, None, None, None, None, None, None, None
+        return d_hidden, d_weight, None, None, None, None, None, None, None, None

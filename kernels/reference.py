@@ -41,9 +41,10 @@ def chunked_forward(
     ignore_index: int,
     softcap: float | None,
     filter: str = "exact",
+    keep_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """Per-token (loss, LSE, target probability, max probability), all float32 (float64 for float64 input),
-    and (LSE,) saved for the backward (dense: `filter` changes nothing).
+    and (LSE,) saved for the backward (dense: `filter` changes nothing; no logits kept whatever keep_logits).
 
     Holds at most one (rows_per_chunk, V) block of logits; the target probability is nan for ignored tokens.
     """

@@ -42,7 +42,7 @@ def test_paper_shape(peaked: bool) -> None:
     g = (targets != -100).double() / (targets != -100).sum()
     ulp = 2.0**-8
     for name in ("exact", "loose"):
-        *_, (_, _, _, _, _, kept, _) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, name)
+        *_, (_, _, _, _, _, kept, *_) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, name)
         share = lce_filter.kept_share(kept, tiles)
         assert share < 0.01 if peaked else share > backward.STAIRCASE_MAX_SHARE
         ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=name, **kw)
@@ -96,7 +96,7 @@ def test_mixed_filtering(filter_name: str, dz_block_v: int, column_major: bool, 
     if filter_name == "none":
         assert_accurate(ours, truth, own, torch.bfloat16)
         return
-    *_, (_, _, _, order, rows, kept, _) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, filter_name)
+    *_, (_, _, _, order, rows, kept, *_) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, filter_name)
     tiles = -(-50000 // forward.TILES.block_v)
     assert kept[0] == 0 and kept[-1] > tiles // 2 and 0.0 < lce_filter.kept_share(kept, tiles) < 0.5
     per_token = lce_filter.kept_per_token(rows, kept, 1000, forward.TILES.block_n)

@@ -8,6 +8,8 @@ Chunks are shrunk so that small inputs span several of them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -113,12 +115,12 @@ def test_dense_filters_plan_nothing(filter_name: str, dtype: torch.dtype) -> Non
     """filter="none", and "exact" on float32 inputs: no sorted vocabulary, no row order, every tile computed
     (cuBLAS on whole chunks); "exact" on bf16 plans (its budget is 2^-10)."""
     hidden, weight, targets = make_case(N, V, D, dtype, ignore_frac=0.2, seed=4)
-    *_, (_, _, _, order, rows, kept, _) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, filter_name)
+    *_, (_, _, _, order, rows, kept, *_) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, filter_name)
     assert order.numel() == rows.numel() == kept.numel() == 0
     kw = dict(label_smoothing=0.1)
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=filter_name, **kw)
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
-    *_, (_, _, _, order, rows, kept, _) = forward.triton_forward(
+    *_, (_, _, _, order, rows, kept, *_) = forward.triton_forward(
         hidden.bfloat16(), weight.bfloat16(), targets, 0.1, -100, None, "exact")
     assert order.numel() == V and rows.numel() == 384 and kept.numel() == 3
 
@@ -181,7 +183,7 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     assert forward.position_spans(V, 256 * 2, 256, permuted=True) == [(0, 256), (256, 512), (512, V)]
     budget = lce_filter.filter_mass(filter_name, torch.bfloat16)
     hidden, weight, targets = _mixed_case(torch.bfloat16)
-    *_, (_, _, _, order, rows, kept, _) = forward.triton_forward(hidden, weight, targets, beta, -100, None,
+    *_, (_, _, _, order, rows, kept, *_) = forward.triton_forward(hidden, weight, targets, beta, -100, None,
                                                               filter_name)
     mean_logit = weight.double() @ hidden.double().mean(dim=0)
     assert (mean_logit[order].diff() <= 2.0**-7 * mean_logit.abs().max()).all()  # descending, up to bf16 rounding
@@ -212,7 +214,7 @@ def test_a_larger_budget_drops_more(monkeypatch: pytest.MonkeyPatch) -> None:
     kept_tiles = {}
     for budget in (2.0**-10, 2.0**-8):
         monkeypatch.setitem(lce_filter.FILTER_MASS, "loose", budget)
-        *_, (_, _, _, _, rows, kept, _) = forward.triton_forward(hidden, weight, targets, 0.0, -100, None, "loose")
+        *_, (_, _, _, _, rows, kept, *_) = forward.triton_forward(hidden, weight, targets, 0.0, -100, None, "loose")
         per_token = lce_filter.kept_per_token(rows, kept, N, forward.TILES.block_n)
         kept_tiles[budget] = per_token[256:][targets[256:] != -100]
     assert (kept_tiles[2.0**-8] == 0).all() and (kept_tiles[2.0**-10] > 0).any()
@@ -227,7 +229,7 @@ def test_pieces_queued_before_the_plan_compute_only_the_kept_tiles(share: float,
     ~2e-4 of their largest, ten times float32's rule (2e-5), which the filtered truth is held to."""
     monkeypatch.setattr(backward, "PREFIX_SHARE", share)
     hidden, weight, targets = _mixed_case(torch.float32)
-    *_, (_, _, _, order, rows, kept, _) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, "loose")
+    *_, (_, _, _, order, rows, kept, *_) = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, "loose")
     tiles = -(-V // forward.TILES.block_v)
     assert kept.min() == 0 and kept.double().mean() <= backward.STAIRCASE_MAX_SHARE * tiles  # the staircase runs
     kw = dict(label_smoothing=0.1)
@@ -318,3 +320,39 @@ def test_unaligned_rows_take_the_pointer_path() -> None:
     hidden, weight, targets = make_case(N, V, 36, torch.bfloat16, ignore_frac=0.1, seed=11)
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, label_smoothing=0.1)
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, label_smoothing=0.1), torch.bfloat16)
+
+
+@pytest.mark.parametrize(("dtype", "beta", "softcap", "reduction"), [
+    (torch.bfloat16, 0.1, None, "mean"), (torch.bfloat16, 0.0, None, "none"), (torch.float16, 0.1, None, "sum"),
+    (torch.float32, 0.1, None, "mean"), (torch.bfloat16, 0.3, 4.0, "none"), (torch.float32, 0.3, 4.0, "mean"),
+])
+def test_logits_kept_for_the_dense_backward(dtype: torch.dtype, beta: float, softcap: float | None, reduction: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """With dC to compute and no filter, the forward keeps the logits of the first chunks (here two tiles wide: N =
+    200, V = 1500, D = 256 keep 2, the rest recomputed in dC's storage and a dedicated buffer) less their tile max
+    in dC's storage, and the backward turns them into dZ in place: loss and both gradients as accurate as the
+    dense path's (targets inside the kept chunks included; the target column from the forward's exact 1 - p_y).
+    16-bit logits leave the forward by TMA, float32 ones by pointer stores."""
+    monkeypatch.setattr(forward, "TILES", dataclasses.replace(forward.TILES, keep_vocab=512))
+    monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(
+        dz_elements=128 * 256, chunk_vocab=256, workspace_vocab=512, dz_group_v=2))
+    n, vocab, d = 200, 1500, 256
+    assert forward.kept_chunks(n, vocab, d) == 2
+    hidden, weight, targets = make_case(n, vocab, d, dtype, ignore_frac=0.1, seed=23)
+    assert ((targets >= 0) & (targets < 1024)).sum() > 50
+    kw = dict(label_smoothing=beta, softcap=softcap, reduction=reduction)
+    *_, saved = forward.triton_forward(hidden, weight.clone().requires_grad_(True), targets, beta, -100, softcap,
+                                       "none", keep_logits=True)
+    assert saved[-2].numel() == vocab * d and saved[-1].shape == (4, n)  # one shift per kept tile and row
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="none", **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+    # nothing kept without the weight's gradient, under no_grad, or with a filter that plans
+    for keep, name in ((False, "none"), (True, "exact")):
+        *_, saved = forward.triton_forward(hidden.bfloat16(), weight.bfloat16(), targets, beta, -100, None, name,
+                                           keep_logits=keep)
+        assert saved[-2].numel() == saved[-1].numel() == 0
+    h = hidden.clone().requires_grad_(True)  # frozen weight: dE alone, upstream as in loss_and_grads
+    loss = linear_cross_entropy(h, weight, targets, filter="none", **kw).double()
+    upstream = torch.rand(loss.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    (loss * (upstream if reduction == "none" else 1.0)).sum().backward()
+    assert_accurate((ours[0], h.grad.double(), ours[2]), *truth_and_torch(hidden, weight, targets, **kw), dtype)
