@@ -34,6 +34,9 @@ def test_paper_shape(peaked: bool) -> None:
     their bound of "none"."""
     hidden, weight, targets = make_case(N, V, D, torch.bfloat16, peaked=peaked, ignore_frac=0.05, device="cuda")
     kw = dict(label_smoothing=0.1)
+    *_, saved = forward.triton_forward(hidden, weight, targets, 0.1, -100, None, "none", keep_logits=True)
+    assert saved[-1].shape == (forward.kept_chunks(N, V, D) * 32, N) == (256, N)  # "none" keeps 256 tiles' logits
+    del saved
     dense = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="none", **kw)
     truth = chunked_truth(hidden, weight, targets, **kw)
     own = _torch_bf16(hidden, weight, targets, **kw)

@@ -333,7 +333,7 @@ def test_logits_kept_for_the_dense_backward(dtype: torch.dtype, beta: float, sof
     in dC's storage, and the backward turns them into dZ in place: loss and both gradients as accurate as the
     dense path's (targets inside the kept chunks included; the target column from the forward's exact 1 - p_y).
     16-bit logits leave the forward by TMA, float32 ones by pointer stores."""
-    monkeypatch.setattr(forward, "TILES", dataclasses.replace(forward.TILES, keep_vocab=512))
+    monkeypatch.setattr(forward, "TILES", dataclasses.replace(forward.TILES, keep_vocab=512, keep_min_dim=256))
     monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(
         dz_elements=128 * 256, chunk_vocab=256, workspace_vocab=512, dz_group_v=2))
     n, vocab, d = 200, 1500, 256
