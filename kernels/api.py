@@ -16,6 +16,7 @@ from kernels import reference
 from kernels._host import AsyncHostCopy
 from kernels.filter import FILTERS
 from kernels.function import Backend, LinearCrossEntropyFunction
+from kernels.plan_history import HISTORY, plan_key
 
 _REDUCTIONS = ("mean", "sum", "none")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -127,7 +128,9 @@ def linear_cross_entropy(
     block of 128 tokens skips its trailing vocabulary tiles while their mass sums to at most B per token: "exact"
     B = 2^-10 for 16-bit inputs (under their rounding; float32: every tile), "loose" B = 2^-8, "none" every tile.
     The loss and the target and label-smoothing parts of the gradient are never filtered. Without gradients the
-    forward does no filter work.
+    forward does no filter work. Where a plan keeps so much that the backward runs dense (a flat softmax, a small
+    vocabulary), the next 15 calls of that head shape and filter skip planning (every tile computed) and the 16th
+    plans again (kernels/plan_history.py).
     Bad input raises ValueError; on CUDA with gradients required, an out-of-range target raises in backward().
     """
     _validate(hidden, weight, targets, label_smoothing, ignore_index, reduction, softcap, filter)
@@ -141,10 +144,12 @@ def linear_cross_entropy(
     # CUDA: with gradients, the check raises at the end of the backward (no host sync in the forward)
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     backward_check = check if hidden.is_cuda and wants_grad else None
+    run_filter = "none"  # without gradients no filter work; with them, none while the last plan went dense
+    if wants_grad:
+        run_filter = HISTORY.filter_for(plan_key(weight, filter)) if backend is not TORCH_BACKEND else filter
     loss, lse, target_prob, max_prob = LinearCrossEntropyFunction.apply(
         flat_hidden, weight, flat_targets, backend, float(label_smoothing), int(ignore_index),
-        None if softcap is None else float(softcap), filter if wants_grad else "none", backward_check,
-        wants_grad and weight.requires_grad,
+        None if softcap is None else float(softcap), run_filter, backward_check, wants_grad and weight.requires_grad,
     )
     if hidden.is_cuda:  # queued behind the forward kernels
         check.start()

@@ -40,6 +40,7 @@ from kernels import forward
 from kernels._host import AsyncHostCopy
 from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
 from kernels.filter import pieces as filter_pieces
+from kernels.plan_history import HISTORY, plan_key
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,9 @@ def triton_backward(
             uniform_row = (-(beta / vocab) * weighted_colsum(hidden, g)).to(weight.dtype)
         stairs.start(weight, d_weight, uniform_row, acc, alpha)
         kept_host = plan.get()
-        if kept_host.mean() <= STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v):
+        dense = kept_host.mean() > STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v)
+        HISTORY.record(plan_key(weight, filter), dense)
+        if not dense:
             stairs.finish(kept_host)
             return _low_rank_parts(hidden, weight, y, g, z_y, rest_prob, rows, acc, d_weight, beta, softcap)
         stairs = None  # little dropped: dense, in the natural orders, from the start (its buffers freed)

@@ -24,6 +24,7 @@ from triton.runtime import interpreter  # noqa: E402
 from kernels import linear_cross_entropy  # noqa: E402
 from kernels import backward, forward  # noqa: E402
 from kernels import filter as lce_filter  # noqa: E402
+from kernels import plan_history  # noqa: E402
 from kernels._tl_utils import tma_operand  # noqa: E402
 from kernels.api import select_backend  # noqa: E402
 from kernels.testing import (  # noqa: E402
@@ -356,3 +357,36 @@ def test_logits_kept_for_the_dense_backward(dtype: torch.dtype, beta: float, sof
     upstream = torch.rand(loss.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     (loss * (upstream if reduction == "none" else 1.0)).sum().backward()
     assert_accurate((ours[0], h.grad.double(), ours[2]), *truth_and_torch(hidden, weight, targets, **kw), dtype)
+
+
+def test_a_dense_plan_skips_planning_until_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """exact on a flat softmax (logits of std 0.15: every tile holds mass): the first call plans and its backward
+    runs dense; the next PROBE_EVERY - 1 calls (3 here) plan nothing and compute every tile, as accurate as the
+    dense path; the one after plans again. Peaked rows (the plan drops nearly everything) plan at every call; so
+    does another head shape."""
+    plans: list[int] = []
+    real_plan = forward.triton_plan
+
+    def counting_plan(*args: object, **kwargs: object) -> object:
+        plans.append(1)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(forward, "triton_plan", counting_plan)
+    monkeypatch.setattr(plan_history, "PROBE_EVERY", 3)
+    hidden, weight, targets = make_case(N, V, D, torch.bfloat16, ignore_frac=0.1, seed=31)
+    hidden = hidden * 0.05
+    kw = dict(label_smoothing=0.1)
+    truth = truth_and_torch(hidden, weight, targets, **kw)
+    for call in range(7):
+        ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="exact", **kw)
+        assert_accurate(ours, *truth, torch.bfloat16)
+        assert len(plans) == 1 + call // 3  # calls 0, 3 and 6 plan
+    plans.clear()
+    loss_and_grads(linear_cross_entropy, hidden[:, :32].contiguous(), weight[:, :32].contiguous(), targets,
+                   filter="exact", **kw)
+    assert len(plans) == 1  # another head shape has its own history
+    plans.clear()
+    hidden, weight, targets = make_case(N, V, 256, torch.bfloat16, peaked=True, seed=32)
+    for _ in range(3):
+        loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="exact", **kw)
+    assert len(plans) == 3
