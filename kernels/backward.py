@@ -10,16 +10,18 @@ With g_i the upstream gradient, dloss_i/dz_iv = p_iv - (1 - beta)[v = y_i] - bet
    filter (or where the plan keeps over STAIRCASE_MAX_SHARE of the tiles): every row, every chunk.
 2. target column a_i = g_i (p_iy - (1 - beta)): dE_i += a_i C_{y_i}; dC_{y_i} += sum_{j: y_j = y_i} a_j E_j.
 3. uniform part -beta g_i / V (rank one): dE_i -= beta g_i mean_v C_v; dC_v -= (beta / V) sum_i g_i E_i.
-With softcap, every part is multiplied by dz/du = 1 - (z / s)^2; the uniform part is then no longer rank one,
-so with softcap and beta > 0 it is added inside every tile and nothing is filtered. Parts 2 and 3 (the target
-column and the label-smoothing term) are never filtered.
+With softcap, every part is multiplied by dz/du = 1 - (z / s)^2. Parts 2 and 3 (the target column and the
+label-smoothing term) are never filtered. The dense path needs no low-rank parts: its dZ holds all three (the
+products add them up), and the logits the forward kept in dC's storage (forward.kept_chunks) become their dZ in
+place instead of being recomputed.
 
 Memory beyond the gradients: one dedicated (chunk_rows x chunk_vocab) dZ chunk in the input dtype and dE's
 float32 accumulator, within TILES.extra_bytes together: at N = 8192, D = 640 (bf16) a 64 MiB dZ chunk (8192 x 4096)
 + 20 MiB; at N = 8192, D = 2304 a 32 MiB chunk (4096 x 4096) + 72 MiB, 9% of the gradients. The dense path first
 puts larger chunks of every row (up to TILES.workspace_vocab wide) in the rows of dC it has not written yet
-(`dense_chunks`): at N = 8192, D = 2304 chunks of 32768 down to 2304 cover 97% of the vocabulary, each dC row is
-written once (uniform part + dZ^T E) and dE's accumulator is read and written 21 times instead of 126. With a
+(`dense_chunks`): at N = 8192, D = 2304, after the 65536 positions whose logits the forward kept, chunks of 32768
+down to 2304 bring it to 97% of the vocabulary, each dC row is written once (dZ^T E) and dE's accumulator is read
+and written 27 times instead of 126. With a
 filter: the hidden states in the row order (N x D in their dtype), a dZ buffer of the dense chunk less them, and a
 24 MiB buffer of a piece's head rows, then its dC rows; dC starts as the uniform part and gets one rounded write
 per piece. Every dC row gets one more rounded add for target rows.
@@ -366,8 +368,9 @@ class DenseChunk:
 
 def dense_chunks(n: int, vocab: int, d: int, itemsize: int, has_acc: bool, has_dc: bool,
                  start: int = 0) -> list[DenseChunk]:
-    """The dense path's vocabulary chunks from position `start` (dC rows below it written), in order. With dC computed (has_dc), chunk c0 writes dC rows
-    [c0, c0 + vc) only, so rows [c0 + vc, V) hold nothing yet: while a chunk of every row, up to
+    """The dense path's vocabulary chunks from position `start` (dC rows below it written), in order. With dC
+    computed (has_dc), chunk c0 writes dC rows [c0, c0 + vc) only, so rows [c0 + vc, V) hold nothing yet (kept
+    logits there are consumed by then): while a chunk of every row, up to
     TILES.workspace_vocab wide, fits at the end of that space (padded rows x vc <= (V - c0 - vc) d) and is larger
     than the dedicated chunk, its dZ lives there, each of its dC rows is written once and dE's float32 accumulator
     is read and written once for it. The rest of the vocabulary (all of it without dC) goes through the dedicated

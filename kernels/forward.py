@@ -70,15 +70,16 @@ def _lse_forward_kernel(
     stride_tlse, keep_tiles, keep_chunk_tiles, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, HEAD_BY_PERM: tl.constexpr, KEEP_LOGITS: tl.constexpr,
-    KEEP_TMA: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KEEP_TMA: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs (split s takes tiles tile_lo + s,
     tile_lo + s + splits, ...); results of split s go to row split_lo + s of M_out, S_out, ZSUM_out. With
     KEEP_LOGITS, tile t < keep_tiles also stores its logits less each row's tile max (the target's as -inf) in
     chunk t // keep_chunk_tiles of KEEP_out (N x keep_chunk_tiles BLOCK_V each, one after another; a pointer, or
     with KEEP_TMA a descriptor of the (chunks, N, keep_chunk_tiles BLOCK_V) array) and that max in SHIFT_out[t, row]
-    (see kept_chunks). C holds the rows of positions c_off, c_off + 1, ... (the whole head,
-    c_off = 0, or a gathered span of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j]
+    (see kept_chunks). C holds the rows of positions c_off, c_off + 1, ... (the whole head, c_off = 0, or a
+    gathered span of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j]
     (pointer loads). E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile). T: the raw targets;
     with FILTERING, POS[v] is entry v's position (POS[PERM[j]] = j) and each row block's first split stores its
     targets' positions (-1: ignored or out of range) in TPOS_out."""
@@ -217,7 +218,7 @@ def triton_forward(
     kernels/plan_triton.py turns the per-row tile statistics into the backward's row order and kept tiles;
     otherwise the three are empty (natural order, everything kept) and the positions are the raw targets. Without
     a filter and with keep_logits (dC will be computed), the forward allocates dC's storage and keeps the logits
-    of the first `kept_chunks` vocabulary chunks there (bf16 logits less their tile max, and that max in float32):
+    of the first `kept_chunks` vocabulary chunks there (less their tile max, in the input dtype; the max in float32):
     the backward skips their recompute; otherwise both are empty."""
     n, d = hidden.shape
     vocab = weight.shape[0]
