@@ -24,7 +24,7 @@ down to 2304 bring it to 97% of the vocabulary, each dC row is written once (dZ^
 and written 27 times instead of 126. With a
 filter: the hidden states in the row order (N x D in their dtype), a dZ buffer of the dense chunk less them, and a
 24 MiB buffer of a piece's head rows, then its dC rows; dC starts as the uniform part and gets one rounded write
-per piece. Every dC row gets one more rounded add for target rows.
+per piece, and each target's row one more rounded add (part 2).
 """
 
 from __future__ import annotations
@@ -546,7 +546,7 @@ def _add_dc(out: torch.Tensor, dz_t: torch.Tensor, e: torch.Tensor, uniform_row:
         out.addmm_(dz_t, e, alpha=alpha)
     elif uniform_row is not None:
         torch.addmm(uniform_row, dz_t, e, alpha=alpha, out=out)
-    else:  # beta = 0: out is not read (nan there stays out)
+    else:  # out's contents are not read (nan there stays out)
         torch.addmm(out, dz_t, e, beta=0.0, alpha=alpha, out=out)
 
 

@@ -256,10 +256,10 @@ def triton_forward(
     keep_tiles = chunks * t.keep_vocab // t.block_v
     d_weight_storage = torch.empty(vocab * d if chunks else 0, dtype=weight.dtype, device=dev)
     shift = torch.empty(keep_tiles, n, dtype=torch.float32, device=dev)
-    kept_region = d_weight_storage[vocab * d - chunks * t.keep_vocab * n :]
     keep_arg, keep_tma = hidden, False  # an unused pointer without kept logits
-    if chunks:
-        keep_arg, keep_tma = tma_operand(kept_region.view(chunks, n, t.keep_vocab), [1, t.block_n, t.block_v])
+    if chunks:  # the kept chunks end dC's storage
+        kept_region = d_weight_storage[vocab * d - chunks * t.keep_vocab * n :].view(chunks, n, t.keep_vocab)
+        keep_arg, keep_tma = tma_operand(kept_region, [1, t.block_n, t.block_v])
     e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
     for (p0, p1), tile_lo, tile_hi, splits, split_lo in launches if n > 0 else ():
         head = weight if not filtering or by_perm else weight.index_select(0, order[p0:p1])  # row j: position p0 + j
