@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -17,7 +18,7 @@ def tma_operand(t: torch.Tensor, block: list[int]) -> tuple[object, bool]:
     products)."""
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     ok = (
-        (interpret or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9))
+        (interpret or (t.is_cuda and _capability(t.device)[0] >= 9))
         and t.element_size() == 2
         and t.stride(-1) == 1
         and all((stride * t.element_size()) % 16 == 0 for stride in t.stride()[:-1])
@@ -27,6 +28,11 @@ def tma_operand(t: torch.Tensor, block: list[int]) -> tuple[object, bool]:
     if not ok:
         return t, False
     return TensorDescriptor.from_tensor(t, block), True
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 def dot_flags(dtype: torch.dtype) -> dict[str, object]:

@@ -2,7 +2,8 @@
 
 For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s * tanh(. / s) with softcap):
 - `_lse_forward_kernel`: program (row block, vocabulary split) walks its vocabulary tiles and keeps the online
-  max m and sum s = sum exp(z - m) over v != y, plus sum_v z_iv (all v). For the backward's gradient filter
+  max m and sum s = sum exp(z - m) over v != y, plus, with label smoothing (SMOOTHING), sum_v z_iv (all v); where
+  V is a multiple of the tile width (EVEN_V) no column is masked. For the backward's gradient filter
   (kernels/filter.py), with FILTERING tile position j holds vocabulary entry PERM[j] (the vocabulary sorted so
   that likely tokens share tiles), each row block looks its targets' positions up once (POS, the order's inverse)
   and stores them for the backward, and each row's log-sum-exp of each tile's non-target logits is stored,
@@ -16,6 +17,7 @@ For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s *
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -52,8 +54,13 @@ def kept_chunks(n: int, vocab: int, d: int) -> int:
     V d - (J - j) w n. The backward turns each into its dZ in place and writes dC rows [0, (j + 1) w) once done
     with it, so chunk j must start past them: V d - (J - j) w n >= (j + 1) w d for j < J; J is the largest such
     count (with J w <= V); none below TILES.keep_min_dim."""
-    w, total = TILES.keep_vocab, vocab * d
-    if d < TILES.keep_min_dim:
+    return _kept_chunks(n, vocab, d, TILES.keep_vocab, TILES.keep_min_dim)
+
+
+@functools.cache  # host time before the forward's launch is GPU idle time
+def _kept_chunks(n: int, vocab: int, d: int, w: int, min_dim: int) -> int:
+    total = vocab * d
+    if d < min_dim:
         return 0
     chunks = 0
     while (chunks + 1) * w <= vocab and all(
@@ -71,7 +78,7 @@ def _lse_forward_kernel(
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, HEAD_BY_PERM: tl.constexpr, KEEP_LOGITS: tl.constexpr,
     KEEP_TMA: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, EVEN_V: tl.constexpr, SMOOTHING: tl.constexpr,
 ):
     """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs (split s takes tiles tile_lo + s,
     tile_lo + s + splits, ...); results of split s go to row split_lo + s of M_out, S_out, ZSUM_out. With
@@ -114,8 +121,14 @@ def _lse_forward_kernel(
         )
         if HAS_SOFTCAP:
             z = softcap_fn(z, softcap)
-        z_sum += tl.sum(tl.where(col_ok[None, :], z, 0.0), axis=1)
-        z = tl.where(col_ok[None, :] & (pos[None, :] != y[:, None]), z, float("-inf"))
+        if EVEN_V:  # every tile whole: no column mask
+            if SMOOTHING:
+                z_sum += tl.sum(z, axis=1)
+            z = tl.where(pos[None, :] != y[:, None], z, float("-inf"))
+        else:
+            if SMOOTHING:
+                z_sum += tl.sum(tl.where(col_ok[None, :], z, 0.0), axis=1)
+            z = tl.where(col_ok[None, :] & (pos[None, :] != y[:, None]), z, float("-inf"))
         t_max = tl.max(z, axis=1)
         if KEEP_LOGITS:
             if t < keep_tiles:
@@ -143,7 +156,8 @@ def _lse_forward_kernel(
     out = (split_lo + split) * N + rows
     tl.store(M_out + out, m_run, mask=row_ok)
     tl.store(S_out + out, s_run, mask=row_ok)
-    tl.store(ZSUM_out + out, z_sum, mask=row_ok)
+    if SMOOTHING:
+        tl.store(ZSUM_out + out, z_sum, mask=row_ok)
 
 
 @triton.jit
@@ -168,6 +182,7 @@ def _target_logit_kernel(
     tl.store(Z_out + rows, acc, mask=row_ok)
 
 
+@functools.cache
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors to fill (4 under the interpreter)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -177,6 +192,7 @@ def num_sms(device: torch.device) -> int:
 SPLIT_BUFFER_BYTES = 1 << 20
 
 
+@functools.cache
 def choose_splits(n: int, row_blocks: int, vocab_tiles: int, sms: int) -> int:
     """Vocabulary splits minimising (waves of programs) x (tiles per program), i.e. wave quantisation, among
     those whose partial results fit in SPLIT_BUFFER_BYTES."""
@@ -271,7 +287,7 @@ def triton_forward(
             padded, keep_tiles, t.keep_vocab // t.block_v, softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, FILTERING=filtering,
             HEAD_BY_PERM=by_perm, KEEP_LOGITS=chunks > 0, KEEP_TMA=keep_tma, E_TMA=e_tma, C_TMA=c_tma,
-            num_warps=t.num_warps, **tl_args,
+            EVEN_V=vocab % t.block_v == 0, SMOOTHING=label_smoothing > 0.0, num_warps=t.num_warps, **tl_args,
             # float32: 96 KiB a stage; a TMA store of kept logits: 64 KiB of shared memory more
             num_stages=(t.keep_stages if keep_tma else t.num_stages) if hidden.element_size() == 2 else 2,
         )
@@ -288,10 +304,9 @@ def triton_forward(
     m_safe = torch.where(torch.isinf(m), 0.0, m)
     lse_rest = m_safe + torch.log((s_part * torch.exp(m_part - m_safe)).sum(dim=0))
     lse = torch.where(valid, torch.logaddexp(lse_rest, z_y), lse_rest)
-    z_sum = zsum_part.sum(dim=0)
     loss = lse - (1.0 - label_smoothing) * z_y
     if label_smoothing > 0.0:
-        loss = loss - (label_smoothing / vocab) * z_sum
+        loss = loss - (label_smoothing / vocab) * zsum_part.sum(dim=0)
     loss = torch.where(valid, loss, 0.0)
     target_prob = torch.where(valid, torch.exp(z_y - lse), float("nan"))
     max_prob = torch.exp(torch.where(valid, torch.maximum(m, z_y), m) - lse)

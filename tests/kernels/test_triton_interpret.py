@@ -359,6 +359,23 @@ def test_logits_kept_for_the_dense_backward(dtype: torch.dtype, beta: float, sof
     assert_accurate((ours[0], h.grad.double(), ours[2]), *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
+@pytest.mark.parametrize(("dtype", "beta", "softcap", "filter_name"), [
+    (torch.bfloat16, 0.0, None, "none"), (torch.bfloat16, 0.1, None, "none"), (torch.float32, 0.1, None, "none"),
+    (torch.bfloat16, 0.2, 5.0, "none"), (torch.bfloat16, 0.1, None, "exact"),
+])
+def test_whole_vocabulary_tiles_take_the_unmasked_path(dtype: torch.dtype, beta: float, softcap: float | None,
+                                                       filter_name: str) -> None:
+    """V = 768, three whole 256-wide tiles: the forward and the dZ recompute drop their column masks (EVEN_V), and
+    the forward sums the logits only with label smoothing; loss and gradients as accurate as elsewhere (beta 0 and
+    0.1, float32, softcap with beta, a planning filter)."""
+    n, vocab, d = 200, 768, 64
+    assert vocab % forward.TILES.block_v == 0 and vocab % backward.TILES.dz_block_v == 0
+    hidden, weight, targets = make_case(n, vocab, d, dtype, ignore_frac=0.1, seed=31)
+    kw = dict(label_smoothing=beta, softcap=softcap)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=filter_name, **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+
+
 def test_a_dense_plan_skips_planning_until_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """exact on a flat softmax (logits of std 0.15: every tile holds mass): the first call plans and its backward
     runs dense; the next PROBE_EVERY - 1 calls (3 here) plan nothing and compute every tile, as accurate as the
