@@ -376,6 +376,26 @@ def test_whole_vocabulary_tiles_take_the_unmasked_path(dtype: torch.dtype, beta:
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
+@pytest.mark.parametrize(("vocab", "dtype", "filter_name", "softcap"), [
+    (700, torch.bfloat16, "none", None), (768, torch.bfloat16, "none", None), (700, torch.float32, "none", None),
+    (700, torch.bfloat16, "exact", None), (768, torch.bfloat16, "none", 30.0),
+])
+def test_label_smoothing_logit_sum_with_a_large_mean_logit(vocab: int, dtype: torch.dtype, filter_name: str,
+                                                           softcap: float | None) -> None:
+    """Every logit raised by 4 (a constant feature): the label-smoothing term (beta / V) sum_v z_iv is then about
+    1.2 of each token's loss, and a vocabulary tile summed twice, missed, or a clamped head row past V counted would
+    move it by 0.4. Without softcap the forward takes it as E_i . sum_v C_v (head rows summed by one program per
+    tile: TMA or pointer loads, the head sorted under a filter, a partial last tile); with softcap as row sums."""
+    n, d = 300, 100  # two k steps of 64, the second partial
+    hidden, weight, targets = make_case(n, vocab, d, dtype, ignore_frac=0.1, seed=37)
+    hidden[:, -1], weight[:, -1] = 1.0, 4.0
+    kw = dict(label_smoothing=0.3, softcap=softcap)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=filter_name, **kw)
+    truth, own = truth_and_torch(hidden, weight, targets, **kw)
+    assert (truth[0] > 1.0).all() if truth[0].dim() else truth[0] > 1.0
+    assert_accurate(ours, truth, own, dtype)
+
+
 def test_a_dense_plan_skips_planning_until_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """exact on a flat softmax (logits of std 0.15: every tile holds mass): the first call plans and its backward
     runs dense; the next PROBE_EVERY - 1 calls (3 here) plan nothing and compute every tile, as accurate as the
