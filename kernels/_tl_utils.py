@@ -65,13 +65,11 @@ def logits_tile(
     E, C, rows, cols, row0, col0, D, k_tiles, stride_en, stride_ed, stride_cv, stride_cd,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    COLSUM: tl.constexpr = False, colsum_out=None, colsum_own=False, cols_ok=None,
 ):
     """(BLOCK_N, BLOCK_V) float32 tile of E[rows] @ C[cols]^T over the first k_tiles * BLOCK_K of D (all of it:
     cdiv(D, BLOCK_K); 0: a zero tile). With E_TMA (C_TMA), E (C) is a tensor descriptor
     read by TMA at rows row0 : row0 + BLOCK_N (col0 : col0 + BLOCK_V), zero beyond its bounds; otherwise a pointer
-    read at `rows` (`cols`), which callers clamp into range, so only the D tail needs a mask. With COLSUM and
-    colsum_own, the C rows read are also summed, those with cols_ok only, into colsum_out[0 : D] (float32)."""
+    read at `rows` (`cols`), which callers clamp into range, so only the D tail needs a mask."""
     ks = tl.arange(0, BLOCK_K)
     if not E_TMA:
         e_ptrs = E + rows.to(tl.int64)[:, None] * stride_en + ks[None, :] * stride_ed
@@ -93,10 +91,6 @@ def logits_tile(
         else:
             c = tl.load(c_ptrs, mask=k_ok[:, None], other=0.0)
         acc = dot_acc(e, c, acc, DOT_UPCAST, DOT_PRECISION)
-        if COLSUM:
-            if colsum_own:
-                part = tl.sum(tl.where(cols_ok[None, :], c.to(tl.float32), 0.0), axis=1)
-                tl.store(colsum_out + k * BLOCK_K + ks, part, mask=k_ok)
         if not E_TMA:
             e_ptrs += BLOCK_K * stride_ed
         if not C_TMA:

@@ -2,17 +2,15 @@
 
 For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s * tanh(. / s) with softcap):
 - `_lse_forward_kernel`: program (row block, vocabulary split) walks its vocabulary tiles and keeps the online
-  max m and sum s = sum exp(z - m) over v != y; with label smoothing the logit sum sum_v z_iv (all v) as a row sum
-  of every tile with softcap (ROWSUM), without it as E_i . sum_v C_v, each tile's head rows summed into (tiles, D)
-  partial column sums by one program as its products read them (COLSUM); where V is a multiple of the tile width
-  (EVEN_V) no column is masked. For the backward's gradient filter
+  max m and sum s = sum exp(z - m) over v != y, plus, with label smoothing (SMOOTHING), sum_v z_iv (all v); where
+  V is a multiple of the tile width (EVEN_V) no column is masked. For the backward's gradient filter
   (kernels/filter.py), with FILTERING tile position j holds vocabulary entry PERM[j] (the vocabulary sorted so
   that likely tokens share tiles), each row block looks its targets' positions up once (POS, the order's inverse)
   and stores them for the backward, and each row's log-sum-exp of each tile's non-target logits is stored,
   (tiles, N). The loop compares positions and loads no ids for that (with the head read in place it loads C's
   rows through PERM): the variant that loaded the ids per tile compiled with 646 spilled registers (30x slower)
   on one H100 on 2026-11-25; that machine was not retested with this one.
-- `_target_logit_kernel`: z_iy, one dot product per token (and E_i . sum_v C_v with COLSUM).
+- `_target_logit_kernel`: z_iy, one dot product per token.
 - `triton_forward` combines the splits: LSE_i = logaddexp(m + log s, z_iy) and
   loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv.
 """
@@ -74,13 +72,13 @@ def _kept_chunks(n: int, vocab: int, d: int, w: int, min_dim: int) -> int:
 
 @triton.jit
 def _lse_forward_kernel(
-    E, C, T, PERM, POS, TPOS_out, M_out, S_out, ZSUM_out, CSUM_out, TLSE_out, KEEP_out, SHIFT_out,
+    E, C, T, PERM, POS, TPOS_out, M_out, S_out, ZSUM_out, TLSE_out, KEEP_out, SHIFT_out,
     N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, splits,
     stride_tlse, keep_tiles, keep_chunk_tiles, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, HEAD_BY_PERM: tl.constexpr, KEEP_LOGITS: tl.constexpr,
     KEEP_TMA: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, EVEN_V: tl.constexpr, ROWSUM: tl.constexpr, COLSUM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, EVEN_V: tl.constexpr, SMOOTHING: tl.constexpr,
 ):
     """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs (split s takes tiles tile_lo + s,
     tile_lo + s + splits, ...); results of split s go to row split_lo + s of M_out, S_out, ZSUM_out. With
@@ -119,16 +117,16 @@ def _lse_forward_kernel(
         z = logits_tile(
             E, C, rows_c, c_rows, rblock * BLOCK_N, t * BLOCK_V - c_off, D, tl.cdiv(D, BLOCK_K), stride_en,
             stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST,
-            DOT_PRECISION, COLSUM, CSUM_out + t * D, rblock == t % num_rblocks, col_ok,
+            DOT_PRECISION,
         )
         if HAS_SOFTCAP:
             z = softcap_fn(z, softcap)
         if EVEN_V:  # every tile whole: no column mask
-            if ROWSUM:
+            if SMOOTHING:
                 z_sum += tl.sum(z, axis=1)
             z = tl.where(pos[None, :] != y[:, None], z, float("-inf"))
         else:
-            if ROWSUM:
+            if SMOOTHING:
                 z_sum += tl.sum(tl.where(col_ok[None, :], z, 0.0), axis=1)
             z = tl.where(col_ok[None, :] & (pos[None, :] != y[:, None]), z, float("-inf"))
         t_max = tl.max(z, axis=1)
@@ -158,37 +156,30 @@ def _lse_forward_kernel(
     out = (split_lo + split) * N + rows
     tl.store(M_out + out, m_run, mask=row_ok)
     tl.store(S_out + out, s_run, mask=row_ok)
-    if ROWSUM:
+    if SMOOTHING:
         tl.store(ZSUM_out + out, z_sum, mask=row_ok)
 
 
 @triton.jit
 def _target_logit_kernel(
-    E, C, Y, CSUM, Z_out, ZSUM_out, N, D, stride_en, stride_ed, stride_cv, stride_cd, softcap,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_CSUM: tl.constexpr,
+    E, C, Y, Z_out, N, D, stride_en, stride_ed, stride_cv, stride_cd, softcap,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
-    """Z_out[i] = z_iy (E_i . C_{y_i}, capped with softcap); with HAS_CSUM also ZSUM_out[i] = E_i . CSUM (CSUM =
-    sum_v C_v in float32: the logit sum without softcap)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < N
     y = tl.load(Y + rows, mask=row_ok, other=-1)
     y_c = tl.maximum(y, 0).to(tl.int64)
     rows_c = tl.minimum(rows, N - 1).to(tl.int64)
     acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    acc_sum = tl.zeros((BLOCK_R,), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         ds = d0 + tl.arange(0, BLOCK_D)
         d_ok = ds < D
         e = tl.load(E + rows_c[:, None] * stride_en + ds[None, :] * stride_ed, mask=d_ok[None, :], other=0.0)
         c = tl.load(C + y_c[:, None] * stride_cv + ds[None, :] * stride_cd, mask=d_ok[None, :], other=0.0)
         acc += tl.sum(e.to(tl.float32) * c.to(tl.float32), axis=1)
-        if HAS_CSUM:
-            acc_sum += tl.sum(e.to(tl.float32) * tl.load(CSUM + ds, mask=d_ok, other=0.0)[None, :], axis=1)
     if HAS_SOFTCAP:
         acc = softcap_fn(acc, softcap)
     tl.store(Z_out + rows, acc, mask=row_ok)
-    if HAS_CSUM:
-        tl.store(ZSUM_out + rows, acc_sum, mask=row_ok)
 
 
 @functools.cache
@@ -277,11 +268,6 @@ def triton_forward(
     padded = row_blocks * t.block_n
     # (tiles, padded N) float32: 32 MiB at N = 8192, V = 262144, freed at the end of the forward
     tile_lse = torch.empty(vocab_tiles if filtering else 0, padded, dtype=torch.float32, device=dev)
-    # The label-smoothing term's logit sum: with softcap a row sum of every tile (ROWSUM); without, E_i . sum_v C_v
-    # (COLSUM), each tile's head rows summed by one program (row block t mod row blocks) while its products read them,
-    # (tiles, d) float32, 9 MiB at the paper's shape
-    rowsum, colsum = label_smoothing > 0.0 and softcap is not None, label_smoothing > 0.0 and softcap is None
-    csum_part = torch.empty(vocab_tiles if colsum else 0, d, dtype=torch.float32, device=dev)
     chunks = kept_chunks(n, vocab, d) if keep_logits and not filtering and n > 0 else 0
     keep_tiles = chunks * t.keep_vocab // t.block_v
     d_weight_storage = torch.empty(vocab * d if chunks else 0, dtype=weight.dtype, device=dev)
@@ -296,24 +282,22 @@ def triton_forward(
         c_arg, c_tma = (head, False) if by_perm else tma_operand(head, [t.block_v, t.block_k])
         _lse_forward_kernel[(row_blocks * splits,)](
             e_arg, c_arg, targets, order if filtering else targets, position, target_pos, m_part, s_part, zsum_part,
-            csum_part if colsum else m_part, tile_lse if filtering else m_part, keep_arg, shift if chunks else m_part,
+            tile_lse if filtering else m_part, keep_arg, shift if chunks else m_part,
             n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, splits,
             padded, keep_tiles, t.keep_vocab // t.block_v, softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, FILTERING=filtering,
             HEAD_BY_PERM=by_perm, KEEP_LOGITS=chunks > 0, KEEP_TMA=keep_tma, E_TMA=e_tma, C_TMA=c_tma,
-            EVEN_V=vocab % t.block_v == 0, ROWSUM=rowsum, COLSUM=colsum, num_warps=t.num_warps, **tl_args,
+            EVEN_V=vocab % t.block_v == 0, SMOOTHING=label_smoothing > 0.0, num_warps=t.num_warps, **tl_args,
             # float32: 96 KiB a stage; a TMA store of kept logits: 64 KiB of shared memory more
             num_stages=(t.keep_stages if keep_tma else t.num_stages) if hidden.element_size() == 2 else 2,
         )
     valid = targets != ignore_index
     y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
     z_y = torch.empty(n, dtype=torch.float32, device=dev)
-    z_sum = zsum_part.sum(dim=0) if rowsum else torch.empty(n if colsum else 0, dtype=torch.float32, device=dev)
     if n > 0:
         _target_logit_kernel[(triton.cdiv(n, 16),)](
-            hidden, weight, y, csum_part.sum(dim=0) if colsum else z_y, z_y, z_sum, n, d, *hidden.stride(),
-            *weight.stride(), softcap or 1.0, BLOCK_R=16, BLOCK_D=128, HAS_SOFTCAP=softcap is not None,
-            HAS_CSUM=colsum,
+            hidden, weight, y, z_y, n, d, *hidden.stride(), *weight.stride(), softcap or 1.0,
+            BLOCK_R=16, BLOCK_D=128, HAS_SOFTCAP=softcap is not None,
         )
     # Combine the splits (all (splits, N) or (N,) tensors: O(N) memory).
     m = m_part.amax(dim=0)
@@ -322,7 +306,7 @@ def triton_forward(
     lse = torch.where(valid, torch.logaddexp(lse_rest, z_y), lse_rest)
     loss = lse - (1.0 - label_smoothing) * z_y
     if label_smoothing > 0.0:
-        loss = loss - (label_smoothing / vocab) * z_sum
+        loss = loss - (label_smoothing / vocab) * zsum_part.sum(dim=0)
     loss = torch.where(valid, loss, 0.0)
     target_prob = torch.where(valid, torch.exp(z_y - lse), float("nan"))
     max_prob = torch.exp(torch.where(valid, torch.maximum(m, z_y), m) - lse)

@@ -383,10 +383,10 @@ def test_whole_vocabulary_tiles_take_the_unmasked_path(dtype: torch.dtype, beta:
 def test_label_smoothing_logit_sum_with_a_large_mean_logit(vocab: int, dtype: torch.dtype, filter_name: str,
                                                            softcap: float | None) -> None:
     """Every logit raised by 4 (a constant feature): the label-smoothing term (beta / V) sum_v z_iv is then about
-    1.2 of each token's loss, and a vocabulary tile summed twice, missed, or a clamped head row past V counted would
-    move it by 0.4. Without softcap the forward takes it as E_i . sum_v C_v (head rows summed by one program per
-    tile: TMA or pointer loads, the head sorted under a filter, a partial last tile); with softcap as row sums."""
-    n, d = 300, 100  # two k steps of 64, the second partial
+    1.2 of each token's loss, and a vocabulary tile's logits summed twice or missed, or a column past V counted,
+    would move it by 0.4 (a halved sum passed the other tests, whose mean logit is 0). TMA or pointer loads, the
+    head sorted under a filter, a partial last tile, softcap."""
+    n, d = 300, 100
     hidden, weight, targets = make_case(n, vocab, d, dtype, ignore_frac=0.1, seed=37)
     hidden[:, -1], weight[:, -1] = 1.0, 4.0
     kw = dict(label_smoothing=0.3, softcap=softcap)
