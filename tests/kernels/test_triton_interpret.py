@@ -392,7 +392,7 @@ def test_label_smoothing_logit_sum_with_a_large_mean_logit(vocab: int, dtype: to
     kw = dict(label_smoothing=0.3, softcap=softcap)
     ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=filter_name, **kw)
     truth, own = truth_and_torch(hidden, weight, targets, **kw)
-    assert (truth[0] > 1.0).all() if truth[0].dim() else truth[0] > 1.0
+    assert truth[0].min() > 1.0  # the mean loss, the smoothing term about 1.2 of it
     assert_accurate(ours, truth, own, dtype)
 
 
