@@ -10,9 +10,8 @@ For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s *
   (tiles, N). The loop compares positions and loads no ids for that (with the head read in place it loads C's
   rows through PERM): the variant that loaded the ids per tile compiled with 646 spilled registers (30x slower)
   on one H100 on 2026-11-25; that machine was not retested with this one.
-- `_target_logit_kernel`: z_iy, one dot product per token.
-- `triton_forward` combines the splits: LSE_i = logaddexp(m + log s, z_iy) and
-  loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv.
+- `_finish_kernel`: z_iy, one dot product per token, and the splits combined: LSE_i = logaddexp(m + log s, z_iy),
+  loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv, the statistics.
 """
 
 from __future__ import annotations
@@ -162,25 +161,56 @@ def _lse_forward_kernel(
 
 
 @triton.jit
-def _target_logit_kernel(
-    E, C, Y, Z_out, N, D, stride_en, stride_ed, stride_cv, stride_cd, softcap,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+def _finish_kernel(
+    E, C, T, M, S, ZSUM, Y_out, ZY_out, LOSS_out, LSE_out, PT_out, PMAX_out, REST_out,
+    N, V, D, splits, stride_en, stride_ed, stride_cv, stride_cd, softcap, ignore_index, one_minus_beta, beta_over_v,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SMOOTHING: tl.constexpr,
 ):
+    """Per token i, after the forward kernel: y_i (the target; -1 where ignored or outside [0, V)); z_iy = E_i .
+    C_{y_i} (capped with softcap); the splits' partial results (rows of M, S, ZSUM) combined: LSE of the rest =
+    m + log sum_s S_s e^{M_s - m} (m = max_s M_s); LSE_i = logaddexp(LSE of the rest, z_iy) where the target is not
+    ignored; loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv (0 where ignored); p_iy (nan where ignored);
+    the largest p; 1 - p_iy = exp(LSE of the rest - LSE_i), exact even where p_iy rounds to 1."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < N
-    y = tl.load(Y + rows, mask=row_ok, other=-1)
+    t = tl.load(T + rows, mask=row_ok, other=ignore_index)
+    valid = t != ignore_index
+    y = tl.where(valid & (t >= 0) & (t < V), t, -1)  # api raises on the out-of-range
     y_c = tl.maximum(y, 0).to(tl.int64)
     rows_c = tl.minimum(rows, N - 1).to(tl.int64)
-    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    z_y = tl.zeros((BLOCK_R,), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         ds = d0 + tl.arange(0, BLOCK_D)
         d_ok = ds < D
         e = tl.load(E + rows_c[:, None] * stride_en + ds[None, :] * stride_ed, mask=d_ok[None, :], other=0.0)
         c = tl.load(C + y_c[:, None] * stride_cv + ds[None, :] * stride_cd, mask=d_ok[None, :], other=0.0)
-        acc += tl.sum(e.to(tl.float32) * c.to(tl.float32), axis=1)
+        z_y += tl.sum(e.to(tl.float32) * c.to(tl.float32), axis=1)
     if HAS_SOFTCAP:
-        acc = softcap_fn(acc, softcap)
-    tl.store(Z_out + rows, acc, mask=row_ok)
+        z_y = softcap_fn(z_y, softcap)
+    m = tl.full((BLOCK_R,), float("-inf"), dtype=tl.float32)
+    for s in range(0, splits):  # rows past N: finite values (nothing stored)
+        m = tl.maximum(m, tl.load(M + s * N + rows, mask=row_ok, other=0.0))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    s_sum = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    z_sum = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for s in range(0, splits):
+        m_s = tl.load(M + s * N + rows, mask=row_ok, other=0.0)
+        s_sum += tl.load(S + s * N + rows, mask=row_ok, other=1.0) * tl.exp(m_s - m_safe)
+        if SMOOTHING:
+            z_sum += tl.load(ZSUM + s * N + rows, mask=row_ok, other=0.0)
+    lse_rest = m_safe + tl.log(s_sum)
+    hi = tl.maximum(lse_rest, z_y)  # z_y is finite
+    lse = tl.where(valid, hi + tl.log(1.0 + tl.exp(tl.minimum(lse_rest, z_y) - hi)), lse_rest)
+    loss = lse - one_minus_beta * z_y
+    if SMOOTHING:
+        loss -= beta_over_v * z_sum
+    tl.store(Y_out + rows, y, mask=row_ok)
+    tl.store(ZY_out + rows, z_y, mask=row_ok)
+    tl.store(LOSS_out + rows, tl.where(valid, loss, 0.0), mask=row_ok)
+    tl.store(LSE_out + rows, lse, mask=row_ok)
+    tl.store(PT_out + rows, tl.where(valid, tl.exp(z_y - lse), float("nan")), mask=row_ok)
+    tl.store(PMAX_out + rows, tl.exp(tl.where(valid, tl.maximum(m, z_y), m) - lse), mask=row_ok)
+    tl.store(REST_out + rows, tl.exp(lse_rest - lse), mask=row_ok)
 
 
 @functools.cache
@@ -292,26 +322,16 @@ def triton_forward(
             # float32: 96 KiB a stage; a TMA store of kept logits: 64 KiB of shared memory more
             num_stages=(t.keep_stages if keep_tma else t.num_stages) if hidden.element_size() == 2 else 2,
         )
-    valid = targets != ignore_index
-    y = torch.where(valid & (targets >= 0) & (targets < vocab), targets, -1)  # api raises on the out-of-range
-    z_y = torch.empty(n, dtype=torch.float32, device=dev)
-    if n > 0:
-        _target_logit_kernel[(triton.cdiv(n, 16),)](
-            hidden, weight, y, z_y, n, d, *hidden.stride(), *weight.stride(), softcap or 1.0,
-            BLOCK_R=16, BLOCK_D=128, HAS_SOFTCAP=softcap is not None,
+    y = torch.empty_like(targets)
+    z_y, loss, lse, target_prob, max_prob, rest_prob = (torch.empty(n, dtype=torch.float32, device=dev)
+                                                         for _ in range(6))
+    if n > 0:  # one kernel: the target logits and the splits combined (a dozen small ops before)
+        _finish_kernel[(triton.cdiv(n, 16),)](
+            hidden, weight, targets, m_part, s_part, zsum_part, y, z_y, loss, lse, target_prob, max_prob, rest_prob,
+            n, vocab, d, total_splits, *hidden.stride(), *weight.stride(), softcap or 1.0, ignore_index,
+            1.0 - label_smoothing, label_smoothing / vocab, BLOCK_R=16, BLOCK_D=128,
+            HAS_SOFTCAP=softcap is not None, SMOOTHING=label_smoothing > 0.0,
         )
-    # Combine the splits (all (splits, N) or (N,) tensors: O(N) memory).
-    m = m_part.amax(dim=0)
-    m_safe = torch.where(torch.isinf(m), 0.0, m)
-    lse_rest = m_safe + torch.log((s_part * torch.exp(m_part - m_safe)).sum(dim=0))
-    lse = torch.where(valid, torch.logaddexp(lse_rest, z_y), lse_rest)
-    loss = lse - (1.0 - label_smoothing) * z_y
-    if label_smoothing > 0.0:
-        loss = loss - (label_smoothing / vocab) * zsum_part.sum(dim=0)
-    loss = torch.where(valid, loss, 0.0)
-    target_prob = torch.where(valid, torch.exp(z_y - lse), float("nan"))
-    max_prob = torch.exp(torch.where(valid, torch.maximum(m, z_y), m) - lse)
-    rest_prob = torch.exp(lse_rest - lse)  # 1 - p_y, exact even where p_y rounds to 1
     rows = kept = torch.empty(0, dtype=torch.int64, device=dev)
     if filtering:
         rows, kept = triton_plan(tile_lse, lse, y >= 0, t.block_n, mass)

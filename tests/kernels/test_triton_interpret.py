@@ -33,7 +33,7 @@ from kernels.testing import (  # noqa: E402
 from kernels.triton_backend import BACKEND  # noqa: E402
 
 # tests/conftest.py defines Triton's library and our kernels under TRITON_INTERPRET=1 before collection
-if not isinstance(forward._target_logit_kernel, interpreter.InterpretedFunction):
+if not isinstance(forward._finish_kernel, interpreter.InterpretedFunction):
     raise RuntimeError("the Triton kernels were defined compiled; run pytest from the repository root "
                        "(tests/conftest.py defines them under TRITON_INTERPRET=1)")
 
