@@ -325,7 +325,7 @@ def triton_forward(
     y = torch.empty_like(targets)
     z_y, loss, lse, target_prob, max_prob, rest_prob = (torch.empty(n, dtype=torch.float32, device=dev)
                                                          for _ in range(6))
-    if n > 0:  # one kernel: the target logits and the splits combined (a dozen small ops before)
+    if n > 0:  # one kernel: the target logits, the splits combined, loss and statistics (~25 torch ops before)
         _finish_kernel[(triton.cdiv(n, 16),)](
             hidden, weight, targets, m_part, s_part, zsum_part, y, z_y, loss, lse, target_prob, max_prob, rest_prob,
             n, vocab, d, total_splits, *hidden.stride(), *weight.stride(), softcap or 1.0, ignore_index,
