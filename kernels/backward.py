@@ -17,14 +17,14 @@ place instead of being recomputed.
 
 Memory beyond the gradients: one dedicated (chunk_rows x chunk_vocab) dZ chunk in the input dtype and dE's
 float32 accumulator, within TILES.extra_bytes together: at N = 8192, D = 640 (bf16) a 64 MiB dZ chunk (8192 x 4096)
-+ 20 MiB; at N = 8192, D = 2304 a 32 MiB chunk (4096 x 4096) + 72 MiB, 9% of the gradients. The dense path first
-puts larger chunks of every row (up to TILES.workspace_vocab wide) in the rows of dC it has not written yet
-(`dense_chunks`): at N = 8192, D = 2304, after the 65536 positions whose logits the forward kept, chunks of 32768
-down to 2304 bring it to 97% of the vocabulary, each dC row is written once (dZ^T E) and dE's accumulator is read
-and written 27 times instead of 126. With a
-filter: the hidden states in the row order (N x D in their dtype), a dZ buffer of the dense chunk less them, and a
-24 MiB buffer of a piece's head rows, then its dC rows; dC starts as the uniform part and gets one rounded write
-per piece, and each target's row one more rounded add (part 2).
++ 20 MiB; at N = 8192, D = 2304 also a 64 MiB chunk (8192 x 4096) + 72 MiB, 12% of the gradients. The dense path
+first puts larger chunks of every row (up to TILES.workspace_vocab wide) in the rows of dC it has not written yet
+(`dense_chunks`): at N = 8192, D = 2304, after the 65536 positions whose logits the forward kept, 10 chunks of 32768
+down to 4864 bring it to 93% of the vocabulary, each dC row is written once (dZ^T E); with the dedicated chunks dE's
+accumulator is read and written 23 times instead of 63. With a filter: the hidden states in the row order (N x D
+in their dtype), a dZ buffer of the dense chunk less them, and a 24 MiB buffer of a piece's head rows, then its dC
+rows; dC starts as the uniform part and gets one rounded write per piece, and each target's row one more rounded
+add (part 2).
 """
 
 from __future__ import annotations
