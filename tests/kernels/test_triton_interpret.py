@@ -376,6 +376,21 @@ def test_whole_vocabulary_tiles_take_the_unmasked_path(dtype: torch.dtype, beta:
     assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_targets_on_a_dz_tile_edge(dtype: torch.dtype) -> None:
+    """The dZ recompute adds the target term only to tiles that hold a target: each row block's targets here sit on
+    the last column of tile 0 or the first of tile 2 (none in tile 1), so a tile test off by one column at either
+    edge drops the term from a whole tile (it failed this test, and no other, when mutated)."""
+    n, vocab, d = 256, 768, 64
+    bv = backward.TILES.dz_block_v
+    assert vocab == 3 * bv and n % forward.TILES.block_n == 0
+    hidden, weight, _ = make_case(n, vocab, d, dtype, ignore_frac=0.0, seed=41)
+    targets = torch.where(torch.arange(n) % 2 == 0, bv - 1, 2 * bv)
+    kw = dict(label_smoothing=0.1, softcap=None)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="none", **kw)
+    assert_accurate(ours, *truth_and_torch(hidden, weight, targets, **kw), dtype)
+
+
 @pytest.mark.parametrize(("vocab", "dtype", "filter_name", "softcap"), [
     (700, torch.bfloat16, "none", None), (768, torch.bfloat16, "none", None), (700, torch.float32, "none", None),
     (700, torch.bfloat16, "exact", None), (768, torch.bfloat16, "none", 30.0),
