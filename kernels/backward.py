@@ -107,7 +107,8 @@ def _dz_kernel(
     p, p + programs, ... in one flattened loop (the next tile's loads overlap this one's softmax); tiles are
     numbered by groups of GROUP_V vocabulary tiles, each over all rows (so a wave reads one group of head rows,
     which stays in L2); C holds the head rows of positions c_off, c_off + 1, ... With FILTERING, tiles of row block
-    b at filter tiles (MASK_V wide) >= KEPT[b] are not computed and written as zeros."""
+    b at filter tiles (MASK_V wide) >= KEPT[b] are not computed and written as zeros. With EVEN_V (V a multiple of
+    BLOCK_V) no column is masked."""
     tiles_v = tl.cdiv(vc, BLOCK_V)
     k_tiles = tl.cdiv(D, BLOCK_K)
     for tile in tl.range(tl.program_id(0), row_tiles * tiles_v, tl.num_programs(0), flatten=True):

@@ -84,9 +84,8 @@ def _lse_forward_kernel(
     SMOOTHING only). With KEEP_LOGITS, tile t < keep_tiles also stores its logits less each row's tile max (the
     target's as -inf) in chunk t // keep_chunk_tiles of KEEP_out (N x keep_chunk_tiles BLOCK_V each, one after
     another; a pointer, or with KEEP_TMA a descriptor of the (chunks, N, keep_chunk_tiles BLOCK_V) array) and that
-    max in SHIFT_out[t, row]
-    (see kept_chunks). C holds the rows of positions c_off, c_off + 1, ... (the whole head, c_off = 0, or a
-    gathered span of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j]
+    max in SHIFT_out[t, row] (see kept_chunks). C holds the rows of positions c_off, c_off + 1, ... (the whole head,
+    c_off = 0, or a gathered span of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j]
     (pointer loads). E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile). T: the raw targets;
     with FILTERING, POS[v] is entry v's position (POS[PERM[j]] = j) and each row block's first split stores its
     targets' positions (-1: ignored or out of range) in TPOS_out."""
