@@ -2,16 +2,17 @@
 
 For token i with target y (ignored tokens: y = -1), z_iv = E_i . C_v (capped s * tanh(. / s) with softcap):
 - `_lse_forward_kernel`: program (row block, vocabulary split) walks its vocabulary tiles and keeps the online
-  max m and sum s = sum exp(z - m) over v != y, plus, with label smoothing (SMOOTHING), sum_v z_iv (all v); where
-  V is a multiple of the tile width (EVEN_V) no column is masked. For the backward's gradient filter
-  (kernels/filter.py), with FILTERING tile position j holds vocabulary entry PERM[j] (the vocabulary sorted so
-  that likely tokens share tiles), each row block looks its targets' positions up once (POS, the order's inverse)
-  and stores them for the backward, and each row's log-sum-exp of each tile's non-target logits is stored,
-  (tiles, N). The loop compares positions and loads no ids for that (with the head read in place it loads C's
-  rows through PERM): the variant that loaded the ids per tile compiled with 646 spilled registers (30x slower)
-  on one H100 on 2026-11-25; that machine was not retested with this one.
-- `_finish_kernel`: z_iy, one dot product per token, and the splits combined: LSE_i = logaddexp(m + log s, z_iy),
-  loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv, the statistics.
+  max m and sum s = sum exp(z - m) over v != y, plus, with label smoothing and a softcap (SMOOTHING), sum_v z_iv
+  (all v; without a cap `_finish_kernel` takes it as E_i . sum_v C_v); where V is a multiple of the tile width
+  (EVEN_V) no column is masked. For the backward's gradient filter (kernels/filter.py), with FILTERING tile
+  position j holds vocabulary entry PERM[j] (the vocabulary sorted so that likely tokens share tiles), each row
+  block looks its targets' positions up once (POS, the order's inverse) and stores them for the backward, and each
+  row's log-sum-exp of each tile's non-target logits is stored, (tiles, N). The loop compares positions and loads
+  no ids for that (with the head read in place it loads C's rows through PERM): the variant that loaded the ids
+  per tile compiled with 646 spilled registers (30x slower) on one H100 on 2026-11-25; that machine was not
+  retested with this one.
+- `_finish_kernel`: z_iy (and E_i . sum_v C_v), dot products per token, and the splits combined: LSE_i =
+  logaddexp(m + log s, z_iy), loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv, the statistics.
 """
 
 from __future__ import annotations
@@ -161,14 +162,16 @@ def _lse_forward_kernel(
 
 @triton.jit
 def _finish_kernel(
-    E, C, T, M, S, ZSUM, Y_out, ZY_out, LOSS_out, LSE_out, PT_out, PMAX_out, REST_out,
+    E, C, C_SUM, T, M, S, ZSUM, Y_out, ZY_out, LOSS_out, LSE_out, PT_out, PMAX_out, REST_out,
     N, V, D, splits, stride_en, stride_ed, stride_cv, stride_cd, softcap, ignore_index, one_minus_beta, beta_over_v,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SMOOTHING: tl.constexpr,
+    SUM_BY_HEAD: tl.constexpr,
 ):
     """Per token i, after the forward kernel: y_i (the target; -1 where ignored or outside [0, V)); z_iy = E_i .
     C_{y_i} (capped with softcap); the splits' partial results (rows of M, S, ZSUM) combined: LSE of the rest =
     m + log sum_s S_s e^{M_s - m} (m = max_s M_s); LSE_i = logaddexp(LSE of the rest, z_iy) where the target is not
-    ignored; loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv (0 where ignored); p_iy (nan where ignored);
+    ignored; loss_i = LSE_i - (1 - beta) z_iy - (beta / V) sum_v z_iv (0 where ignored), the logit sum from the
+    splits' ZSUM or, with SUM_BY_HEAD, as E_i . C_SUM (C_SUM = sum_v C_v in float32); p_iy (nan where ignored);
     the largest p; 1 - p_iy = exp(LSE of the rest - LSE_i), exact even where p_iy rounds to 1."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < N
@@ -178,12 +181,15 @@ def _finish_kernel(
     y_c = tl.maximum(y, 0).to(tl.int64)
     rows_c = tl.minimum(rows, N - 1).to(tl.int64)
     z_y = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    z_sum = tl.zeros((BLOCK_R,), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         ds = d0 + tl.arange(0, BLOCK_D)
         d_ok = ds < D
         e = tl.load(E + rows_c[:, None] * stride_en + ds[None, :] * stride_ed, mask=d_ok[None, :], other=0.0)
         c = tl.load(C + y_c[:, None] * stride_cv + ds[None, :] * stride_cd, mask=d_ok[None, :], other=0.0)
         z_y += tl.sum(e.to(tl.float32) * c.to(tl.float32), axis=1)
+        if SUM_BY_HEAD:
+            z_sum += tl.sum(e.to(tl.float32) * tl.load(C_SUM + ds, mask=d_ok, other=0.0)[None, :], axis=1)
     if HAS_SOFTCAP:
         z_y = softcap_fn(z_y, softcap)
     m = tl.full((BLOCK_R,), float("-inf"), dtype=tl.float32)
@@ -191,11 +197,10 @@ def _finish_kernel(
         m = tl.maximum(m, tl.load(M + s * N + rows, mask=row_ok, other=0.0))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     s_sum = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    z_sum = tl.zeros((BLOCK_R,), dtype=tl.float32)
     for s in range(0, splits):
         m_s = tl.load(M + s * N + rows, mask=row_ok, other=0.0)
         s_sum += tl.load(S + s * N + rows, mask=row_ok, other=1.0) * tl.exp(m_s - m_safe)
-        if SMOOTHING:
+        if SMOOTHING and not SUM_BY_HEAD:
             z_sum += tl.load(ZSUM + s * N + rows, mask=row_ok, other=0.0)
     lse_rest = m_safe + tl.log(s_sum)
     hi = tl.maximum(lse_rest, z_y)  # z_y is finite
@@ -270,6 +275,10 @@ def triton_forward(
     vocab = weight.shape[0]
     dev = hidden.device
     targets = targets.contiguous()  # read raw by the kernel
+    # sum_v z_iv = E_i . sum_v C_v where no cap bends the logits: the head's column sum, one read of the head while
+    # the GPU would wait for the forward's launch, instead of a sum over every logit in the kernel's epilogue
+    sum_by_head = label_smoothing > 0.0 and softcap is None and n > 0
+    head_sum = weight.sum(dim=0, dtype=torch.float32) if sum_by_head else weight
     tl_args = dict(
         HAS_SOFTCAP=softcap is not None, **dot_flags(hidden.dtype),
     )
@@ -317,7 +326,8 @@ def triton_forward(
             padded, keep_tiles, t.keep_vocab // t.block_v, softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, FILTERING=filtering,
             HEAD_BY_PERM=by_perm, KEEP_LOGITS=chunks > 0, KEEP_TMA=keep_tma, E_TMA=e_tma, C_TMA=c_tma,
-            EVEN_V=vocab % t.block_v == 0, SMOOTHING=label_smoothing > 0.0, num_warps=t.num_warps, **tl_args,
+            EVEN_V=vocab % t.block_v == 0, SMOOTHING=label_smoothing > 0.0 and not sum_by_head,
+            num_warps=t.num_warps, **tl_args,
             # float32: 96 KiB a stage; a TMA store of kept logits: 64 KiB of shared memory more
             num_stages=(t.keep_stages if keep_tma else t.num_stages) if hidden.element_size() == 2 else 2,
         )
@@ -326,10 +336,11 @@ def triton_forward(
                                                          for _ in range(6))
     if n > 0:  # one kernel: the target logits, the splits combined, loss and statistics (~25 torch ops before)
         _finish_kernel[(triton.cdiv(n, 16),)](
-            hidden, weight, targets, m_part, s_part, zsum_part, y, z_y, loss, lse, target_prob, max_prob, rest_prob,
+            hidden, weight, head_sum, targets, m_part, s_part, zsum_part, y, z_y, loss, lse, target_prob, max_prob,
+            rest_prob,
             n, vocab, d, total_splits, *hidden.stride(), *weight.stride(), softcap or 1.0, ignore_index,
             1.0 - label_smoothing, label_smoothing / vocab, BLOCK_R=16, BLOCK_D=128,
-            HAS_SOFTCAP=softcap is not None, SMOOTHING=label_smoothing > 0.0,
+            HAS_SOFTCAP=softcap is not None, SMOOTHING=label_smoothing > 0.0, SUM_BY_HEAD=sum_by_head,
         )
     rows = kept = torch.empty(0, dtype=torch.int64, device=dev)
     if filtering:
