@@ -27,6 +27,7 @@ import triton.language as tl
 
 from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
 from kernels.filter import filter_mass
+from kernels.head_sum import head_column_sum
 from kernels.plan_triton import triton_plan
 
 
@@ -278,7 +279,7 @@ def triton_forward(
     # sum_v z_iv = E_i . sum_v C_v where no cap bends the logits: the head's column sum, one read of the head while
     # the GPU would wait for the forward's launch, instead of a sum over every logit in the kernel's epilogue
     sum_by_head = label_smoothing > 0.0 and softcap is None and n > 0
-    head_sum = weight.sum(dim=0, dtype=torch.float32) if sum_by_head else weight
+    head_sum = head_column_sum(weight, num_sms(dev)) if sum_by_head else weight
     tl_args = dict(
         HAS_SOFTCAP=softcap is not None, **dot_flags(hidden.dtype),
     )

@@ -26,6 +26,7 @@ from kernels import backward, forward  # noqa: E402
 from kernels import filter as lce_filter  # noqa: E402
 from kernels import plan_history  # noqa: E402
 from kernels._tl_utils import tma_operand  # noqa: E402
+from kernels.head_sum import head_column_sum  # noqa: E402
 from kernels.api import select_backend  # noqa: E402
 from kernels.testing import (  # noqa: E402
     assert_accurate, filter_slack, filtered_truth, loss_and_grads, make_case, truth_and_torch,
@@ -409,6 +410,23 @@ def test_label_smoothing_logit_sum_with_a_large_mean_logit(vocab: int, dtype: to
     truth, own = truth_and_torch(hidden, weight, targets, **kw)
     assert truth[0].min() > 1.0  # the mean loss, the smoothing term about 1.2 of it
     assert_accurate(ours, truth, own, dtype)
+
+
+@pytest.mark.parametrize(("vocab", "dim", "dtype", "col_step"), [
+    (700, 40, torch.bfloat16, 1), (1000, 300, torch.float32, 1), (33, 257, torch.bfloat16, 2),
+])
+def test_head_column_sum(vocab: int, dim: int, dtype: torch.dtype, col_step: int) -> None:
+    """sum_v C_v (the forward's logit sum is E_i . sum_v C_v) against float64: within 1e-6 of sum_v |C_vd| (float32
+    sums of a few hundred terms), every column, several programs with a partial last one (700 rows: 11 programs of
+    64 rows under the interpreter's 4 SMs), a column block past D, a strided head; the same bits on a second call."""
+    gen = torch.Generator().manual_seed(41)
+    wide = torch.randn(vocab, dim * col_step, generator=gen) + 2.0  # a mean far from 0: sums of like terms
+    weight = wide.to(dtype)[:, ::col_step]
+    got = head_column_sum(weight, sms=4)
+    exact = weight.double().sum(dim=0)
+    assert got.dtype == torch.float32 and got.shape == (dim,)
+    assert ((got.double() - exact).abs() <= 1e-6 * weight.double().abs().sum(dim=0)).all()
+    assert torch.equal(head_column_sum(weight, sms=4), got)
 
 
 def test_a_dense_plan_skips_planning_until_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
