@@ -74,7 +74,7 @@ def _kept_chunks(n: int, vocab: int, d: int, w: int, min_dim: int) -> int:
 @triton.jit
 def _lse_forward_kernel(
     E, C, T, PERM, POS, TPOS_out, M_out, S_out, ZSUM_out, TLSE_out, KEEP_out, SHIFT_out,
-    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, splits,
+    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, splits, group,
     stride_tlse, keep_tiles, keep_chunk_tiles, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, HEAD_BY_PERM: tl.constexpr, KEEP_LOGITS: tl.constexpr,
@@ -83,7 +83,8 @@ def _lse_forward_kernel(
 ):
     """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs (split s takes tiles tile_lo + s,
     tile_lo + s + splits, ...); results of split s go to row split_lo + s of M_out, S_out, ZSUM_out (the last with
-    SMOOTHING only). With KEEP_LOGITS, tile t < keep_tiles also stores its logits less each row's tile max (the
+    SMOOTHING only). Programs run in groups of `group` row blocks x `splits` (the last group may hold fewer row
+    blocks): a wave of programs reads few row blocks' E and few tiles' C, which stay in L2. With KEEP_LOGITS, tile t < keep_tiles also stores its logits less each row's tile max (the
     target's as -inf) in chunk t // keep_chunk_tiles of KEEP_out (N x keep_chunk_tiles BLOCK_V each, one after
     another; a pointer, or with KEEP_TMA a descriptor of the (chunks, N, keep_chunk_tiles BLOCK_V) array) and that
     max in SHIFT_out[t, row] (see kept_chunks). C holds the rows of positions c_off, c_off + 1, ... (the whole head,
@@ -93,8 +94,10 @@ def _lse_forward_kernel(
     targets' positions (-1: ignored or out of range) in TPOS_out."""
     pid = tl.program_id(0)
     num_rblocks = tl.cdiv(N, BLOCK_N)
-    rblock = pid % num_rblocks  # neighbouring programs share vocabulary tiles (L2 reuse of C)
-    split = pid // num_rblocks
+    first = (pid // (group * splits)) * group  # the group's first row block
+    in_group = tl.minimum(group, num_rblocks - first)
+    rblock = first + pid % (group * splits) % in_group  # neighbouring programs share vocabulary tiles
+    split = pid % (group * splits) // in_group
     rows = rblock * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     y = tl.load(T + rows, mask=row_ok, other=ignore_index)  # raw: nothing to prepare before the launch
@@ -225,19 +228,40 @@ def num_sms(device: torch.device) -> int:
 
 
 # Bytes of per-split partial results (max, sum, logit sum: 12 bytes per token and split) the forward may hold.
-SPLIT_BUFFER_BYTES = 1 << 20
+SPLIT_BUFFER_BYTES = 4 << 20
+
+
+# A program's pipeline start and result stores, spread over its tiles (the measured orders gave each 62 or more).
+MIN_TILES_PER_PROGRAM = 64
 
 
 @functools.cache
-def choose_splits(n: int, row_blocks: int, vocab_tiles: int, sms: int) -> int:
-    """Vocabulary splits minimising (waves of programs) x (tiles per program), i.e. wave quantisation, among
-    those whose partial results fit in SPLIT_BUFFER_BYTES."""
-    most = max(1, min(vocab_tiles, SPLIT_BUFFER_BYTES // (12 * max(n, 1))))
+def l2_bytes(device: torch.device) -> int:
+    """The GPU's L2 cache (50 MB on an H100; the same taken under the interpreter)."""
+    return torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 50 << 20
 
-    def cost(s: int) -> tuple[int, int]:
-        return math.ceil(row_blocks * s / sms) * math.ceil(vocab_tiles / s), s
 
-    return min(range(1, most + 1), key=cost)
+@functools.cache
+def choose_order(n: int, row_blocks: int, vocab_tiles: int, sms: int, row_bytes: int, l2: int) -> tuple[int, int]:
+    """(vocabulary splits, row blocks per group of programs), among splits whose partial results fit in
+    SPLIT_BUFFER_BYTES and that leave each program at least MIN_TILES_PER_PROGRAM tiles (or one split): first those whose wave (sms // splits row blocks x splits tiles) reads at most half the L2
+    (l2 / 2 bytes) of E and C rows, (row blocks x BLOCK_N + splits x BLOCK_V) x row_bytes; then the least wave
+    quantisation, (waves of programs) x (tiles per program); then the smallest wave. Measured on an H100 (50 MB
+    of L2) at the paper's shape (2026-11-26, 64 row blocks, 1000 tiles, row_bytes 4608): forward kernel 12.70 ms
+    with 8 splits in groups of 16 row blocks (18.9 MB a wave), 12.77 with 4 x 32 (23.6 MB), 12.97 with 16 x 8
+    (23.6 MB), against 13.75 with 2 splits over all 64 (40 MB) and 13.74 with 8 over all 64 (47 MB)."""
+    most = max(1, min(vocab_tiles // MIN_TILES_PER_PROGRAM, SPLIT_BUFFER_BYTES // (12 * max(n, 1))))
+
+    def group(s: int) -> int:
+        return max(1, min(row_blocks, sms // s))
+
+    def cost(s: int) -> tuple[bool, int, int]:
+        wave_rows = group(s) * TILES.block_n + s * TILES.block_v
+        steps = math.ceil(row_blocks * s / sms) * math.ceil(vocab_tiles / s)
+        return wave_rows * row_bytes > l2 // 2, steps, wave_rows
+
+    splits = min(range(1, most + 1), key=cost)
+    return splits, group(splits)
 
 
 # Bytes of a contiguous copy of permuted head rows (with a filter) that one forward launch reads by TMA.
@@ -295,13 +319,14 @@ def triton_forward(
         order = torch.argsort(torch.mv(weight, mean_hidden).float(), descending=True)
         position = torch.empty_like(order).scatter_(0, order, torch.arange(vocab, device=dev))
         target_pos = torch.empty_like(targets)  # written by the kernel (-1: ignored or out of range)
-    # (span, first tile, end tile, splits, first split) of each launch; each has its own splits
+    # (span, first tile, end tile, splits, row blocks per group, first split) of each launch
     launches, total_splits = [], 0
     by_perm = filtering and not GATHER_HEAD
     for p0, p1 in position_spans(vocab, d * weight.element_size(), t.block_v, filtering and not by_perm):
         tile_lo, tile_hi = p0 // t.block_v, triton.cdiv(p1, t.block_v)
-        splits = choose_splits(n, row_blocks, tile_hi - tile_lo, num_sms(dev))
-        launches.append(((p0, p1), tile_lo, tile_hi, splits, total_splits))
+        splits, group = choose_order(n, row_blocks, tile_hi - tile_lo, num_sms(dev), d * weight.element_size(),
+                                     l2_bytes(dev))
+        launches.append(((p0, p1), tile_lo, tile_hi, splits, group, total_splits))
         total_splits += splits
     m_part = torch.empty(total_splits, n, dtype=torch.float32, device=dev)
     s_part, zsum_part = torch.empty_like(m_part), torch.empty_like(m_part)
@@ -317,13 +342,13 @@ def triton_forward(
         kept_region = d_weight_storage[vocab * d - chunks * t.keep_vocab * n :].view(chunks, n, t.keep_vocab)
         keep_arg, keep_tma = tma_operand(kept_region, [1, t.block_n, t.block_v])
     e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
-    for (p0, p1), tile_lo, tile_hi, splits, split_lo in launches if n > 0 else ():
+    for (p0, p1), tile_lo, tile_hi, splits, group, split_lo in launches if n > 0 else ():
         head = weight if not filtering or by_perm else weight.index_select(0, order[p0:p1])  # row j: position p0 + j
         c_arg, c_tma = (head, False) if by_perm else tma_operand(head, [t.block_v, t.block_k])
         _lse_forward_kernel[(row_blocks * splits,)](
             e_arg, c_arg, targets, order if filtering else targets, position, target_pos, m_part, s_part, zsum_part,
             tile_lse if filtering else m_part, keep_arg, shift if chunks else m_part,
-            n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, splits,
+            n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, splits, group,
             padded, keep_tiles, t.keep_vocab // t.block_v, softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, FILTERING=filtering,
             HEAD_BY_PERM=by_perm, KEEP_LOGITS=chunks > 0, KEEP_TMA=keep_tma, E_TMA=e_tma, C_TMA=c_tma,

@@ -412,6 +412,34 @@ def test_label_smoothing_logit_sum_with_a_large_mean_logit(vocab: int, dtype: to
     assert_accurate(ours, truth, own, dtype)
 
 
+@pytest.mark.parametrize(("splits", "group", "filter_name"), [
+    (2, 2, "none"), (3, 4, "none"), (2, 5, "none"), (3, 2, "exact"),
+])
+def test_program_order_in_groups(monkeypatch: pytest.MonkeyPatch, splits: int, group: int, filter_name: str) -> None:
+    """The forward's programs in groups of `group` row blocks x `splits` vocabulary splits (kernels.forward.
+    choose_order), the last group short where 5 row blocks do not divide into groups: loss and gradients against
+    float64 (every tile of every row must land in exactly one split's partial results)."""
+    monkeypatch.setattr(forward, "choose_order", lambda *args: (splits, group))
+    hidden, weight, targets = make_case(600, 900, 40, torch.bfloat16, ignore_frac=0.1, seed=43)  # 5 x 4 tiles
+    kw = dict(label_smoothing=0.1)
+    ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter=filter_name, **kw)
+    truth, own = truth_and_torch(hidden, weight, targets, **kw)
+    mass = lce_filter.filter_mass(filter_name, torch.bfloat16)
+    assert_accurate(ours, truth, own, torch.bfloat16, slack=filter_slack(hidden, weight, targets, mass))
+
+
+def test_choose_order_keeps_a_wave_in_half_the_l2() -> None:
+    """The paper's shape on an H100 (64 row blocks, 1000 tiles, rows of 4608 bytes, 132 SMs, 50 MB of L2): 8
+    splits in groups of 16 row blocks, a wave of 18.9 MB (2 splits over all 64 row blocks: 40 MB); where no wave
+    fits (a 1 MB L2), the least wave quantisation: 500 tile steps (1 split: 1000)."""
+    l2 = 50 << 20
+    splits, group = forward.choose_order(8192, 64, 1000, 132, 4608, l2)
+    assert (splits, group) == (8, 16)
+    assert (group * 128 + splits * 256) * 4608 <= l2 // 2 < (64 * 128 + 2 * 256) * 4608
+    splits, group = forward.choose_order(8192, 64, 1000, 132, 4608, 1 << 20)
+    assert -(-64 * splits // 132) * -(-1000 // splits) == 500
+
+
 @pytest.mark.parametrize(("vocab", "dim", "dtype", "col_step"), [
     (700, 40, torch.bfloat16, 1), (1000, 300, torch.float32, 1), (33, 257, torch.bfloat16, 2),
 ])
