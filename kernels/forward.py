@@ -246,10 +246,12 @@ def choose_order(n: int, row_blocks: int, vocab_tiles: int, sms: int, row_bytes:
     """(vocabulary splits, row blocks per group of programs), among splits whose partial results fit in
     SPLIT_BUFFER_BYTES and that leave each program at least MIN_TILES_PER_PROGRAM tiles (or one split): first those whose wave (sms // splits row blocks x splits tiles) reads at most half the L2
     (l2 / 2 bytes) of E and C rows, (row blocks x BLOCK_N + splits x BLOCK_V) x row_bytes; then the least wave
-    quantisation, (waves of programs) x (tiles per program); then the smallest wave. Measured on an H100 (50 MB
-    of L2) at the paper's shape (2026-11-26, 64 row blocks, 1000 tiles, row_bytes 4608): forward kernel 12.70 ms
-    with 8 splits in groups of 16 row blocks (18.9 MB a wave), 12.77 with 4 x 32 (23.6 MB), 12.97 with 16 x 8
-    (23.6 MB), against 13.75 with 2 splits over all 64 (40 MB) and 13.74 with 8 over all 64 (47 MB)."""
+    quantisation, (waves of programs) x (tiles per program); then the smallest wave. Measured on an H100 (50 MB of
+    L2) at the paper's shape (2026-11-26, 64 row blocks, 1000 tiles, row_bytes 4608): forward kernel 12.70 ms with
+    8 splits in groups of 16 row blocks (18.9 MB a wave), 12.77 with 4 x 32 (23.6 MB), 12.97 with 16 x 8 (23.6
+    MB), against 13.75 with 2 splits over all 64 (40 MB) and 13.74 with 8 over all 64 (47 MB) in one call; 14.75
+    against 15.27 (2 x 64) on a hotter machine. At Gemma-3-270M's shape (D = 640; 11 MB a wave even over all 64
+    row blocks) 8 x 16 took 4.43-4.45 ms against 4.36-4.39 for 2 x 64."""
     most = max(1, min(vocab_tiles // MIN_TILES_PER_PROGRAM, SPLIT_BUFFER_BYTES // (12 * max(n, 1))))
 
     def group(s: int) -> int:

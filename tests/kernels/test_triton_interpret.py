@@ -430,12 +430,14 @@ def test_program_order_in_groups(monkeypatch: pytest.MonkeyPatch, splits: int, g
 
 def test_choose_order_keeps_a_wave_in_half_the_l2() -> None:
     """The paper's shape on an H100 (64 row blocks, 1000 tiles, rows of 4608 bytes, 132 SMs, 50 MB of L2): 8
-    splits in groups of 16 row blocks, a wave of 18.9 MB (2 splits over all 64 row blocks: 40 MB); where no wave
-    fits (a 1 MB L2), the least wave quantisation: 500 tile steps (1 split: 1000)."""
+    splits in groups of 16 row blocks, a wave of 18.9 MB (2 splits over all 64 row blocks: 40 MB); where every
+    wave fits (rows of 1280 bytes, Gemma-3-270M's) the smallest wave of the least wave quantisation (500 tile
+    steps), and where none fits (a 1 MB L2) the least quantisation: 500 (1 split: 1000)."""
     l2 = 50 << 20
     splits, group = forward.choose_order(8192, 64, 1000, 132, 4608, l2)
     assert (splits, group) == (8, 16)
     assert (group * 128 + splits * 256) * 4608 <= l2 // 2 < (64 * 128 + 2 * 256) * 4608
+    assert forward.choose_order(8192, 64, 1000, 132, 1280, l2) == (8, 16)
     splits, group = forward.choose_order(8192, 64, 1000, 132, 4608, 1 << 20)
     assert -(-64 * splits // 132) * -(-1000 // splits) == 500
 
