@@ -52,7 +52,10 @@ class BackwardTiles:
     chunk_vocab: int = 4096  # multiple of block_v; dE is read and written once per vocabulary chunk
     workspace_vocab: int = 32768  # widest vocabulary chunk whose dZ lives in dC's unwritten rows (dense path)
     dz_block_v: int = 256  # vocabulary width of a dZ recompute tile; divides the filter tile (forward block_v)
-    dz_group_v: int = 16  # dZ tiles of a chunk taken in groups this wide over all its rows (the head group in L2)
+    # dZ tiles of a chunk taken in groups this wide over all its rows: a wave of 132 tiles reads ~16 row blocks of E
+    # and 8 tiles of C (18.9 MB at D = 2304), which stay in L2. Paper shape on an H100 (2026-11-26, ab16): the dZ
+    # kernels of a step 10.74 ms at 8 (10.71 at 4: 24 MB) against 11.25 at 16 (~8 row blocks x 16 tiles, 23.6 MB)
+    dz_group_v: int = 8
     dz_stages: int = 3
     # rows of a program of the kept logits' conversion (x one forward tile): on an H100 (2026-11-25) 8 rows and
     # 4 warps convert the paper shape's 8 chunks in 0.81 ms (2.65 TB/s), 128 rows in 1.36
