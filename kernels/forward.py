@@ -84,14 +84,15 @@ def _lse_forward_kernel(
     """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs (split s takes tiles tile_lo + s,
     tile_lo + s + splits, ...); results of split s go to row split_lo + s of M_out, S_out, ZSUM_out (the last with
     SMOOTHING only). Programs run in groups of `group` row blocks x `splits` (the last group may hold fewer row
-    blocks): a wave of programs reads few row blocks' E and few tiles' C, which stay in L2. With KEEP_LOGITS, tile t < keep_tiles also stores its logits less each row's tile max (the
-    target's as -inf) in chunk t // keep_chunk_tiles of KEEP_out (N x keep_chunk_tiles BLOCK_V each, one after
-    another; a pointer, or with KEEP_TMA a descriptor of the (chunks, N, keep_chunk_tiles BLOCK_V) array) and that
-    max in SHIFT_out[t, row] (see kept_chunks). C holds the rows of positions c_off, c_off + 1, ... (the whole head,
-    c_off = 0, or a gathered span of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j]
-    (pointer loads). E, C: pointers, or TMA descriptors where E_TMA / C_TMA (see logits_tile). T: the raw targets;
-    with FILTERING, POS[v] is entry v's position (POS[PERM[j]] = j) and each row block's first split stores its
-    targets' positions (-1: ignored or out of range) in TPOS_out."""
+    blocks): a wave of programs reads few row blocks' E and few tiles' C, which stay in L2. With KEEP_LOGITS,
+    tile t < keep_tiles also stores its logits less each row's tile max (the target's as -inf) in chunk
+    t // keep_chunk_tiles of KEEP_out (N x keep_chunk_tiles BLOCK_V each, one after another; a pointer, or with
+    KEEP_TMA a descriptor of the (chunks, N, keep_chunk_tiles BLOCK_V) array) and that max in SHIFT_out[t, row] (see
+    kept_chunks). C holds the rows of positions c_off, c_off + 1, ... (the whole head, c_off = 0, or a gathered span
+    of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j] (pointer loads). E, C: pointers,
+    or TMA descriptors where E_TMA / C_TMA (see logits_tile). T: the raw targets; with FILTERING, POS[v] is entry
+    v's position (POS[PERM[j]] = j) and each row block's first split stores its targets' positions (-1: ignored or
+    out of range) in TPOS_out."""
     pid = tl.program_id(0)
     num_rblocks = tl.cdiv(N, BLOCK_N)
     first = (pid // (group * splits)) * group  # the group's first row block
@@ -244,14 +245,15 @@ def l2_bytes(device: torch.device) -> int:
 @functools.cache
 def choose_order(n: int, row_blocks: int, vocab_tiles: int, sms: int, row_bytes: int, l2: int) -> tuple[int, int]:
     """(vocabulary splits, row blocks per group of programs), among splits whose partial results fit in
-    SPLIT_BUFFER_BYTES and that leave each program at least MIN_TILES_PER_PROGRAM tiles (or one split): first those whose wave (sms // splits row blocks x splits tiles) reads at most half the L2
-    (l2 / 2 bytes) of E and C rows, (row blocks x BLOCK_N + splits x BLOCK_V) x row_bytes; then the least wave
-    quantisation, (waves of programs) x (tiles per program); then the smallest wave. Measured on an H100 (50 MB of
-    L2) at the paper's shape (2026-11-26, 64 row blocks, 1000 tiles, row_bytes 4608): forward kernel 12.70 ms with
-    8 splits in groups of 16 row blocks (18.9 MB a wave), 12.77 with 4 x 32 (23.6 MB), 12.97 with 16 x 8 (23.6
-    MB), against 13.75 with 2 splits over all 64 (40 MB) and 13.74 with 8 over all 64 (47 MB) in one call; 14.75
-    against 15.27 (2 x 64) on a hotter machine. At Gemma-3-270M's shape (D = 640; 11 MB a wave even over all 64
-    row blocks) 8 x 16 took 4.43-4.45 ms against 4.36-4.39 for 2 x 64."""
+    SPLIT_BUFFER_BYTES and that leave each program at least MIN_TILES_PER_PROGRAM tiles (or one split): first those
+    whose wave (sms // splits row blocks x splits tiles) reads at most half the L2 (l2 / 2 bytes) of E and C rows,
+    (row blocks x BLOCK_N + splits x BLOCK_V) x row_bytes; then the least wave quantisation, (waves of programs) x
+    (tiles per program); then the smallest wave. Measured on an H100 (50 MB of L2) at the paper's shape (2026-11-26,
+    64 row blocks, 1000 tiles, row_bytes 4608): forward kernel 12.70 ms with 8 splits in groups of 16 row blocks
+    (18.9 MB a wave), 12.77 with 4 x 32 (23.6 MB), 12.97 with 16 x 8 (23.6 MB), against 13.75 with 2 splits over
+    all 64 (40 MB) and 13.74 with 8 over all 64 (47 MB) in one call; 14.75 against 15.27 (2 x 64) on a hotter
+    machine. At Gemma-3-270M's shape (D = 640; 11 MB a wave even over all 64 row blocks) 8 x 16 took 4.43-4.45 ms
+    against 4.36-4.39 for 2 x 64."""
     most = max(1, min(vocab_tiles // MIN_TILES_PER_PROGRAM, SPLIT_BUFFER_BYTES // (12 * max(n, 1))))
 
     def group(s: int) -> int:

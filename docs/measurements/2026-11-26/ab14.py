@@ -7,7 +7,7 @@ import torch
 from torch.profiler import profile, ProfilerActivity
 sys.path.insert(0, "."); sys.path.insert(0, ".gpu_host")
 from benchmarks.bench_linear_ce import make_inputs
-import kernels_g
+import kernels_g  # kernels as of 7bbe0fd with ab14_kernels_g_forward.patch, under another name
 from kernels_g import forward as fg
 
 out = os.environ.get("OUT", "/tmp")
