@@ -319,8 +319,8 @@ def triton_forward(
     beside = sum_by_head and dev.type == "cuda"
     head_sum = head_column_sum(weight, num_sms(dev)) if sum_by_head and not beside else weight
     if beside:  # the side stream waits for what precedes the forward kernel, not for it
-        ready = torch.cuda.Event()
-        ready.record()
+        main, ready = torch.cuda.current_stream(dev), torch.cuda.Event()
+        ready.record(main)
     tl_args = dict(
         HAS_SOFTCAP=softcap is not None, **dot_flags(hidden.dtype),
     )
@@ -375,7 +375,7 @@ def triton_forward(
             num_stages=(t.keep_stages if keep_tma else t.num_stages) if hidden.element_size() == 2 else 2,
         )
     if beside:  # launched after the forward kernel: its programs take the SMs the forward's last wave leaves free
-        main, side = torch.cuda.current_stream(dev), side_stream(dev)
+        side = side_stream(dev)
         side.wait_event(ready)
         with torch.cuda.stream(side):
             head_sum = head_column_sum(weight, num_sms(dev))
