@@ -317,7 +317,6 @@ def triton_forward(
     # the host was ahead of the GPU)
     sum_by_head = label_smoothing > 0.0 and softcap is None and n > 0
     beside = sum_by_head and dev.type == "cuda"
-    head_sum = head_column_sum(weight, num_sms(dev)) if sum_by_head and not beside else weight
     if beside:  # the side stream waits for what precedes the forward kernel, not for it
         main, ready = torch.cuda.current_stream(dev), torch.cuda.Event()
         ready.record(main)
@@ -374,6 +373,7 @@ def triton_forward(
             # float32: 96 KiB a stage; a TMA store of kept logits: 64 KiB of shared memory more
             num_stages=(t.keep_stages if keep_tma else t.num_stages) if hidden.element_size() == 2 else 2,
         )
+    head_sum = weight  # a placeholder pointer where the logit sum is not taken from the head
     if beside:  # launched after the forward kernel: its programs take the SMs the forward's last wave leaves free
         side = side_stream(dev)
         side.wait_event(ready)
@@ -381,6 +381,8 @@ def triton_forward(
             head_sum = head_column_sum(weight, num_sms(dev))
         main.wait_stream(side)
         head_sum.record_stream(main)
+    elif sum_by_head:
+        head_sum = head_column_sum(weight, num_sms(dev))
     y = torch.empty_like(targets)
     z_y, loss, lse, target_prob, max_prob, rest_prob = (torch.empty(n, dtype=torch.float32, device=dev)
                                                          for _ in range(6))

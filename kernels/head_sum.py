@@ -2,8 +2,8 @@
 is one dot product per token instead of a sum over every logit in the forward kernel's epilogue.
 
 Two deterministic passes: program p sums rows [p R, (p + 1) R) of a column block into partial row p (float32), then
-the partial rows are summed; a few hundred KiB of partials (a single reduction over the vocabulary held 92 MiB of
-workspace for Gemma-3-270M's head on an H100, 2026-11-26).
+the partial rows are summed; a few hundred KiB of partials (torch.sum over the vocabulary held 132 MiB for
+Gemma-3-270M's head and 281 MiB for the paper's on an H100, 2026-11-26, docs/measurements/2026-11-26/ab13).
 """
 
 from __future__ import annotations
