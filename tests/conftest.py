@@ -14,6 +14,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from common.datasource import DATA_DIR_ENV
+
 
 def _define_triton_kernels_interpreted() -> None:
     """On a machine without CUDA, define Triton's library and our kernels under TRITON_INTERPRET=1.
@@ -46,11 +48,27 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def export_data_root():
+    """Export ../shared/data as $CALSWEEP_DATA_DIR for the session when it is present and nothing is exported, so
+    the loaders in this process and the `sweeps/launch.py` subprocesses find the root the `data_dir` fixture finds.
+
+    A test-environment convention only: the library itself reads the config's `data_dir`, else the variable."""
+    if DATA_DIR_ENV in os.environ or not SHARED_DATA.is_dir():
+        yield
+        return
+    os.environ[DATA_DIR_ENV] = str(SHARED_DATA.resolve())
+    try:
+        yield
+    finally:
+        os.environ.pop(DATA_DIR_ENV, None)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> str:
     """The local data root: $CALSWEEP_DATA_DIR, else ../shared/data. When it is missing the test is skipped, or
     fails under CI ($CI set, as .ci/run exports it): a CI run must not pass by testing nothing of the data."""
-    root = os.environ.get("CALSWEEP_DATA_DIR") or str(SHARED_DATA)
+    root = os.environ.get(DATA_DIR_ENV) or str(SHARED_DATA)
     if not Path(root).is_dir():
         (pytest.fail if os.environ.get("CI") else pytest.skip)(f"local data root {root!r} not present")
     return str(Path(root).resolve())

@@ -135,15 +135,16 @@ def test_trial_config_round_trips_through_a_dict():
     assert TrialConfig.from_dict(trial.to_dict()) == trial
 
 
-def _launch(*args, env=None):
-    return subprocess.run([sys.executable, str(REPO / "sweeps" / "launch.py"), *args], capture_output=True,
-                          text=True, timeout=120, env=env)
+def _launch(tmp_path, *args):
+    """`sweeps/launch.py ARGS` with a results store under tmp_path, never the checkout's own results/."""
+    command = [sys.executable, str(REPO / "sweeps" / "launch.py"), "--results-dir", str(tmp_path / "results"), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def test_cli_reports_a_bad_config_in_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"label_smoothing": [1.0], "families": ["tiny"]}))
-    out = _launch("--config", str(bad), "--dry-run")
+    out = _launch(tmp_path, "--config", str(bad), "--dry-run")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     lines = out.stderr.splitlines()  # one line per problem, all at once
     assert len(lines) == 2 and all(line.startswith("calsweep: error: bad.yaml.") for line in lines)
@@ -151,20 +152,20 @@ def test_cli_reports_a_bad_config_in_one_line(tmp_path):
 
 
 def test_cli_reports_a_missing_data_dir_in_one_line(tmp_path):
-    out = _launch("--data-dir", str(tmp_path / "nowhere"), "--dry-run")
+    out = _launch(tmp_path, "--data-dir", str(tmp_path / "nowhere"), "--dry-run")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "nowhere" in out.stderr and "Hugging Face hub" in out.stderr
 
 
-def test_cli_dry_run_lists_trials():
-    out = _launch("--dry-run")
+def test_cli_dry_run_lists_trials(tmp_path):
+    out = _launch(tmp_path, "--dry-run")
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.split()) == 4
 
 
-def test_cli_families_runs_one_half_of_a_grid():
-    out = _launch("--families", "gemma3-270m", "--dry-run")
+def test_cli_families_runs_one_half_of_a_grid(tmp_path):
+    out = _launch(tmp_path, "--families", "gemma3-270m", "--dry-run")
     assert out.returncode == 0, out.stderr
     assert [t.split("_")[0] for t in out.stdout.split()] == ["gemma3-270m", "gemma3-270m"]
-    bad = _launch("--families", "gemma3-270m,nosuch", "--dry-run")
+    bad = _launch(tmp_path, "--families", "gemma3-270m,nosuch", "--dry-run")
     assert bad.returncode == 2 and "unknown model family 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
