@@ -48,10 +48,10 @@ class ResourcesConfig:
 class AshaConfig:
     """ASHA early stopping on a metric the workers report during training (e.g. the validation loss)."""
 
-    metric: str = "val_loss"
-    mode: str = "min"
+    metric: str = "val_loss"  # train_loss | val_loss (val_loss needs train.val_examples)
+    mode: str = "min"  # min | max: which direction of the metric is better
     grace_period: int = 2  # steps before a trial can be stopped
-    reduction_factor: int = 2
+    reduction_factor: int = 2  # ASHA keeps 1 / this of the trials at each rung
     max_t: int | None = None  # steps after which ASHA stops a trial; null: the trials' steps + 1 (never cut short)
 
 
@@ -85,11 +85,11 @@ class MlflowConfig:
 class WandbConfig:
     """Ray Tune's ``WandbLoggerCallback``: one Weights & Biases run per trial, grouped by sweep."""
 
-    project: str = "calsweep"
+    project: str = "calsweep"  # Weights & Biases project of the runs
     group: str | None = None  # null: the sweep's name
     entity: str | None = None  # team or user; null: the API key's default
     mode: str | None = None  # online | offline | disabled; null: wandb's own ($WANDB_MODE, else online)
-    tags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()  # set on every run of the sweep
 
 
 @dataclass(frozen=True)
@@ -109,14 +109,14 @@ WANDB_MODES = ("online", "offline", "disabled")
 class SweepConfig:
     """The whole sweep: what to vary, and the settings shared by every trial."""
 
-    name: str = "default"
+    name: str = "default"  # run name: trial ids, store files and the Ray experiment carry it
     seed: int = 0  # the trials' seed (data order, new weights, dropout) and the Optuna sampler's
     seeds: tuple[int, ...] | None = None  # a seeds axis: every grid point once per seed; null: [seed]
     data_dir: str | None = None  # local data root; null: $CALSWEEP_DATA_DIR, else the Hugging Face hub
     results_dir: str = "results"  # Parquet store root (local path or pyarrow.fs URI such as s3://bucket/x)
-    families: tuple[str, ...] = ("smollm2-135m", "gemma3-270m")
-    learning_rates: tuple[float, ...] = (5e-5,)
-    label_smoothing: tuple[float, ...] = (0.0, 0.1)
+    families: tuple[str, ...] = ("smollm2-135m", "gemma3-270m")  # model axis: common.models names, hub ids or paths
+    learning_rates: tuple[float, ...] = (5e-5,)  # learning-rate axis (AdamW peak)
+    label_smoothing: tuple[float, ...] = (0.0, 0.1)  # label-smoothing beta axis, each in [0, 1)
     custom_models: dict[str, CustomModel] = field(default_factory=dict)
     sft: SFTConfig = field(default_factory=SFTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

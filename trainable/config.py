@@ -20,9 +20,9 @@ from calibration.task_config import DEFAULT_TASKS, TASKS
 class CustomModel:
     """A random-init model built from an architecture config (no download), e.g. for tests."""
 
-    architecture: str = "llama"
-    tokenizer: str = "smollm2-135m"
-    config: dict[str, Any] = field(default_factory=dict)
+    architecture: str = "llama"  # a transformers model type (AutoConfig.for_model)
+    tokenizer: str = "smollm2-135m"  # model family whose tokenizer it uses
+    config: dict[str, Any] = field(default_factory=dict)  # architecture config keys (hidden_size, ...)
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class SFTConfig:
     hub_id: str | None = None  # null: the dataset's hub id
     local_file: str | None = None  # null: the dataset's local file
     max_examples: int | None = None  # first N examples after a seeded shuffle; None = all
-    max_seq_len: int = 512
+    max_seq_len: int = 512  # tokens per example; longer ones are cut
     prompt_template: str = "auto"  # auto (chat template if the tokenizer has one) | chat | plain
 
     def __post_init__(self) -> None:
@@ -64,17 +64,17 @@ class TrainConfig:
     """Optimisation: DeepSpeed engine settings and the schedule (AdamW, warmup then decay)."""
 
     max_steps: int | None = None  # optimiser steps; None = run `epochs` epochs
-    epochs: float = 1.0
-    micro_batch_size: int = 4
-    gradient_accumulation_steps: int = 1
+    epochs: float = 1.0  # passes over the SFT data when max_steps is null
+    micro_batch_size: int = 4  # sequences per worker per forward
+    gradient_accumulation_steps: int = 1  # micro-batches per optimiser step
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
-    zero_stage: int = 2
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    warmup_ratio: float = 0.03
+    zero_stage: int = 2  # DeepSpeed ZeRO stage: 0 | 1 | 2 | 3
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
+    adam_eps: float = 1e-8  # AdamW epsilon
+    warmup_ratio: float = 0.03  # fraction of the steps with a linear learning-rate warmup
     schedule: str = "cosine"  # cosine | linear | constant
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # gradient clipping norm
     dropout: float | None = None  # sets the model's attention/hidden dropout when given
     loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
     loss_filter: str = "exact"  # the kernel's gradient filter (kernels/filter.py): exact (2^-10) | loose (2^-8) | none
@@ -105,7 +105,7 @@ class EvalConfig:
     limit: int | None = None  # first K questions of each task; None = all
     batch_size: int = 8  # rows per forward, at most
     batch_tokens: int | None = None  # padded row tokens (rows x width) per forward, at most; None: no cap
-    n_bins: int = 15
+    n_bins: int = 15  # confidence bins of ECE and the binned metrics
     temperature_scaling: bool = False  # also score each task's held-out split, fit T there, report *_ts metrics
     ats: ATSConfig = field(default_factory=ATSConfig)  # enabled: train an ATS head after SFT, report *_ats metrics
 

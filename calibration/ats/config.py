@@ -20,18 +20,18 @@ ATS_HUB_ID = "vicgalle/alpaca-gpt4"  # the same data on the hub (52k rows), read
 class ATSConfig:
     """Train an ATS head on the frozen model after SFT and score every task again with it (``*_ats`` metrics)."""
 
-    enabled: bool = False
+    enabled: bool = False  # train the head and report *_ats metrics
     local_file: str = ATS_DATA_FILE  # Alpaca-format JSON (list) or JSONL under the data root
     hub_id: str = ATS_HUB_ID  # read instead when there is no data root
     max_examples: int | None = None  # first N rows after a seeded shuffle; None = all
-    max_seq_len: int = 1024
-    epochs: float = 2.0
+    max_seq_len: int = 1024  # tokens per training sequence; longer ones are cut
+    epochs: float = 2.0  # passes over the data when max_steps is null
     max_steps: int | None = None  # optimiser steps; None = run `epochs` epochs
     batch_size: int = 8  # sequences per optimiser step
-    learning_rate: float = 5e-5
+    learning_rate: float = 5e-5  # AdamW, cosine schedule, no warmup
     alpha: float = 0.5  # weight of the uniform (smoothing) term on wrong tokens; 1 - alpha on right ones
     balanced: bool = True  # the authors' weighted_average: each term also weighted by the other class's share
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # gradient clipping norm
 
     def problems(self) -> list[str]:
         """Every invalid field as 'key: expected X, got Y' (``common.config.build`` prefixes the path)."""
