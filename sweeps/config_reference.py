@@ -33,7 +33,7 @@ class Key:
 
     name: str  # the field's name in its section
     type: str  # the annotation as written in the source
-    default: str  # the default in YAML spelling, or where its section is described
+    default: str  # the default in YAML spelling as Markdown code, or a pointer to its section
     meaning: str  # the field's source comment
 
 
@@ -108,23 +108,13 @@ def sections(cls: type = SweepConfig, path: str = "") -> Iterator[Section]:
         if not comments.get(field.name):
             raise ValueError(f"{cls.__module__}.{cls.__name__}.{field.name} has no source comment; expected "
                              f"'{field.name}: ... = ...  # what it means' so that docs/config.md can say it")
-        if field.default is not dataclasses.MISSING:
-            default = field.default
-        else:
-            default = field.default_factory()
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
         if inner is not None:
             child = f"{where}.<name>" if mapping else where
             below.append((inner, child))
-            if dataclasses.is_dataclass(default):
-                default = f"see `{child}`"
-            elif mapping and not default:
-                default = "{}"
-            else:
-                default = yaml_value(default)
-        else:
-            default = yaml_value(default)
+        text = f"see `{child}`" if dataclasses.is_dataclass(default) else f"`{yaml_value(default)}`"
         annotation = field.type if isinstance(field.type, str) else inspect.formatannotation(field.type)
-        keys.append(Key(field.name, annotation, default, comments[field.name]))
+        keys.append(Key(field.name, annotation, text, comments[field.name]))
     yield Section(path, cls, tuple(keys))
     for inner, child in below:
         yield from sections(inner, child)
@@ -145,9 +135,7 @@ def render() -> str:
         title = f"`{section.path}`" if section.path else "Top level"
         out += [f"## {title}", "", f"{summary(section.cls)} (`{section.cls.__module__}.{section.cls.__name__}`)", "",
                 "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-        out += [f"| `{key.name}` | `{_cell(key.type)}` | `{_cell(key.default)}` | {_cell(key.meaning)} |"
-                if not key.default.startswith("see ") else
-                f"| `{key.name}` | `{_cell(key.type)}` | {key.default} | {_cell(key.meaning)} |"
+        out += [f"| `{key.name}` | `{_cell(key.type)}` | {_cell(key.default)} | {_cell(key.meaning)} |"
                 for key in section.keys]
         out.append("")
     return "\n".join(out)

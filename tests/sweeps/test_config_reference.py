@@ -20,7 +20,7 @@ def test_every_field_of_every_section_is_listed_with_its_comment():
             "tracking.mlflow", "tracking.wandb", "custom_models.<name>"} <= set(by_path)
     train = {key.name: key for key in by_path["train"].keys}
     assert {"pack", "pack_length", "adam_betas", "adam_eps"} <= set(train)
-    assert train["loss_filter"].default == "exact" and "gradient filter" in train["loss_filter"].meaning
+    assert train["loss_filter"].default == "`exact`" and "gradient filter" in train["loss_filter"].meaning
     gpus = {key.name: key for key in by_path["resources"].keys}["gpus_per_worker"]
     assert gpus.meaning.startswith("null: 1 when the cluster has GPUs") and "memory probe" in gpus.meaning  # above
     assert {key.name for key in by_path[""].keys} == set(SweepConfig.__dataclass_fields__)
@@ -37,7 +37,7 @@ def test_the_stated_defaults_load_as_the_defaults():
             target = target.setdefault(part, {})
         for key in section.keys:
             if not key.default.startswith("see "):
-                target[key.name] = yaml.safe_load(key.default)
+                target[key.name] = yaml.safe_load(key.default.strip("`"))
     assert data["train"]["adam_betas"] == [0.9, 0.999]
     assert sweep_from_dict(data) == sweep_from_dict({})
 
