@@ -10,16 +10,16 @@ recorded one (``RECORDED_MFU``). Ties go to fewer GPUs, then the lower stage. Th
 (sequences x length) stay what the config says, however many GPUs share them.
 
 Memory model, bytes per GPU for P parameters, N ranks, bf16 weights with fp32 master weights and AdamW moments
-(DeepSpeed 0.19: ZeRO-0 with bf16 runs its BF16_Optimizer, which keeps fp32 gradients of every parameter and
-partitions the fp32 state like ZeRO-1):
-    stage 0:  2P + 4P + 12P/N                      (bf16 weights, fp32 gradients, fp32 master + AdamW moments)
-    stage 1:  2P + 2P + 12P/N,        step + 4P/N  (the step's fp32 copy of the gradient partition)
-    stage 2:  2P + 2P/N + 12P/N + two layer-sized bf16 buckets,           step + 4P/N
-    stage 3:  2P/N + 2P/N + 12P/N + three live layers and the head,       step + 4 min(P/N, sub-group)
-and the larger of the step's extra and the activations: per token and decoder layer ``ACTIVATION_BYTES`` (bf16,
-compiled layers, SDPA) for the layers that are not checkpointed, 2 h for those that are, one layer's worth during
-its recompute, and the fused loss's workspace (its float32 hidden-state gradient, the bf16 hidden states, and its
-136 MiB chunk).
+(DeepSpeed 0.19 accumulates bf16 gradients in fp32; ZeRO-0 with bf16 runs its BF16_Optimizer, which keeps fp32
+gradients of every parameter and partitions the fp32 state like ZeRO-1):
+    stage 0:  2P + 4P + 12P/N         (bf16 weights, fp32 gradients, fp32 master weights + AdamW moments)
+    stage 1:  2P + 2P + 16P/N         (bf16 gradients of every parameter, reduced into fp32 partitions)
+    stage 2:  2P + 16P/N + two layer-sized bf16 buckets
+    stage 3:  18P/N + three live layers and the head, gathered in bf16
+plus the activations: per token and decoder layer ``ACTIVATION_BYTES`` (bf16, compiled layers, SDPA) for the
+layers that are not checkpointed, 2 h for those that are, one layer's worth during its recompute, and the fused
+loss's workspace (its float32 hidden-state gradient, the bf16 hidden states, and its 136 MiB chunk).
+Checked against the peaks measured on GPUs (tests/trainable/test_layout.py reads their JSON).
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ PEAK_BF16_FLOPS = 989e12  # H100 / H200 SXM dense bf16: the MFU denominator
 CUDA_CONTEXT_BYTES = 1.0 * GIB  # CUDA context, NCCL and cuBLAS workspaces outside PyTorch's allocator
 ALLOCATOR_SLACK = 0.06  # fragmentation of the caching allocator: reserved memory over the peak allocated
 LOSS_CHUNK_BYTES = 136 * 2**20  # kernels/backward.py: the dedicated dZ chunk at most
-# Per token and decoder layer, bytes saved for the backward with compiled layers in bf16 (Inductor's min-cut keeps
-# the projections' inputs and outputs, SDPA's output and log-sum-exp): c_h h + c_kv (kv width) + c_i I.
-ACTIVATION_BYTES = {"hidden": 16, "kv": 4, "intermediate": 6}
+# Per token and decoder layer, bytes saved for the backward with compiled layers in bf16: c_h h + c_kv (kv width)
+# + c_i I; fitted to the 1B shape's peaks at micro-batch 2 and 4 on an H200 (1.6 GiB per 2048-token sequence).
+ACTIVATION_BYTES = {"hidden": 10, "kv": 4, "intermediate": 3.5}
 # MFU of the trial loop per layout, measured (docs/results.md): (stage, gpus > 1) -> MFU.
 RECORDED_MFU = {(0, False): 0.40, (0, True): 0.40, (1, True): 0.43, (2, True): 0.43, (3, False): 0.34,
                 (3, True): 0.34}
 STAGES = (0, 1, 2, 3)
-SUB_GROUP = 1e9  # ZeRO-3's sub_group_size (elements): its optimizer steps the fp32 partition a sub-group at a time
 
 
 @dataclass(frozen=True)
@@ -107,18 +106,16 @@ class Layout:
         return f"{gpus}, ZeRO-{self.zero_stage}, {batch}{ac}"
 
 
-def state_bytes(shape: ModelShape, stage: int, workers: int) -> tuple[float, float]:
-    """(held through the step, taken only by the optimizer step) per GPU (module docstring): the latter is the
-    fp32 copy of the gradient partition that ZeRO-1/2/3 make for AdamW while the activations are gone."""
+def state_bytes(shape: ModelShape, stage: int, workers: int) -> float:
+    """Weights, gradients, optimizer states and ZeRO's working set per GPU (module docstring)."""
     p, n, layer = shape.params, workers, shape.layer_params
     if stage == 0:
-        return 2 * p + 4 * p + 12 * p / n, 0.0
+        return 2 * p + 4 * p + 12 * p / n
     if stage == 1:
-        return 2 * p + 2 * p + 12 * p / n, 4 * p / n
+        return 2 * p + 2 * p + 16 * p / n
     if stage == 2:
-        return 2 * p + 2 * p / n + 12 * p / n + 2 * 2 * layer, 4 * p / n
-    working = 2 * (3 * layer + shape.vocab * shape.hidden)  # live layers and the head, gathered
-    return 2 * p / n + 2 * p / n + 12 * p / n + working, 4 * min(p / n, SUB_GROUP)
+        return 2 * p + 16 * p / n + 2 * 2 * layer
+    return 2 * p / n + 16 * p / n + 2 * (3 * layer + shape.vocab * shape.hidden)
 
 
 def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool) -> float:
@@ -134,10 +131,8 @@ def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool) -
 
 def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
                checkpointed: int | bool = 0) -> float:
-    """Predicted peak of PyTorch's allocator per GPU: the held states plus the larger of the backward's
-    activations and the optimizer step's fp32 gradient partition."""
-    held, step = state_bytes(shape, stage, workers)
-    return held + max(activation_bytes(shape, micro_batch * seq_len, checkpointed), step)
+    """Predicted peak of PyTorch's allocator per GPU: the states plus the backward's activations."""
+    return state_bytes(shape, stage, workers) + activation_bytes(shape, micro_batch * seq_len, checkpointed)
 
 
 def budget_bytes(gpu_memory_bytes: float) -> float:
