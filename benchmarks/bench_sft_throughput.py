@@ -4,8 +4,11 @@ model shape, batch, data and beta, in one run.
     python benchmarks/bench_sft_throughput.py --out throughput.json                  # the default rows below
     python benchmarks/bench_sft_throughput.py --rows 1b:1:0:4:random,1b:1:3:4:random --impls calsweep
 
-A row is ``shape:gpus:zero_stage:batch_per_gpu:data``; the defaults are the multi-GPU anchor's three rows and a
-real-data row: ``1b:1:0:4:random``, ``1b:2:3:4:random``, ``8b:2:3:2:random``, ``1b:2:3:4:alpaca``. Shapes: ``1b``
+A row is ``shape:gpus:zero_stage:batch_per_gpu:data``; the defaults are issue 35's rows: the 1B shape on one GPU
+(ZeRO-0, ZeRO-3), on two (ZeRO-2, ZeRO-3, auto), the 8B shape on two (ZeRO-2, ZeRO-3, auto) and packed Alpaca.
+``auto`` takes ``trainable.layout.plan_layout``'s choice for that many GPUs of this host's memory and the row's
+sequences per step (batch x GPUs): stage, micro-batch x accumulation and recomputed layers, as a sweep trial
+would; ``--recompute K`` recomputes the first K decoder layers of the other rows. Shapes: ``1b``
 Llama-3.2-1B (1.24B params, vocab 128,256, tied), ``8b`` Llama-3.1-8B (8.03B, untied); random init in bf16 on
 the GPU, SDPA attention, sequence ``--seq-len`` (2048). ``random``: one batch of random tokens, every token
 labelled. ``alpaca``: the project's SFT data path (``trainable.sft_data.build_sft_examples`` on Alpaca under
@@ -22,7 +25,10 @@ Each (row, implementation) runs under ``torchrun`` in its own processes (clean p
 Tokens/s count real (non-padding) tokens over all ranks, per GPU. For the Trainer they are counted as its data
 collator hands rows out (its loader runs one batch ahead at both ends of the timed window, so the counts shift
 and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embedding params + the LM head.
-Peak memory is the largest over the ranks. ``--ds`` merges JSON into calsweep's DeepSpeed config (knob trials).
+Peak memory is the largest over the ranks (PyTorch's allocator), beside ``trainable.layout``'s prediction for
+the row's layout. Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
+into calsweep's DeepSpeed config (knob trials). ``calsweep_engine_compile`` is DeepSpeed's own compiler
+(``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PEAK_FLOPS = 989e12
 IMPLS = ("hf_trainer", "calsweep_eager", "calsweep", "calsweep_engine_compile")
-DEFAULT_ROWS = "1b:1:0:4:random,1b:2:3:4:random,8b:2:3:2:random,1b:2:3:4:alpaca"
+DEFAULT_ROWS = ("1b:1:0:4:random,1b:1:3:4:random,1b:2:2:4:random,1b:2:3:4:random,1b:2:auto:4:random,"
+                "8b:2:2:2:random,8b:2:3:2:random,8b:2:auto:2:random,1b:1:auto:4:alpaca")
 SHAPES = {
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0,
@@ -58,13 +65,14 @@ def parse_row(text: str) -> dict:
     parts = text.split(":")
     try:
         shape, gpus, zero, batch, data = parts
-        row = dict(shape=shape, gpus=int(gpus), zero=int(zero), batch=int(batch), data=data)
+        row = dict(shape=shape, gpus=int(gpus), zero=zero if zero == "auto" else int(zero), batch=int(batch),
+                   data=data)
     except ValueError:
         raise ValueError(f"expected a row like 1b:2:3:4:random (shape:gpus:zero_stage:batch_per_gpu:data), "
                          f"got {text!r}") from None
-    if shape not in SHAPES or data not in DATA or row["zero"] not in (0, 1, 2, 3) or row["gpus"] < 1:
-        raise ValueError(f"expected shape in {sorted(SHAPES)}, gpus >= 1, zero stage 0-3 and data in {DATA}, "
-                         f"got {text!r}")
+    if shape not in SHAPES or data not in DATA or row["zero"] not in (0, 1, 2, 3, "auto") or row["gpus"] < 1:
+        raise ValueError(f"expected shape in {sorted(SHAPES)}, gpus >= 1, zero stage 0-3 or auto and data in "
+                         f"{DATA}, got {text!r}")
     return row
 
 
@@ -107,18 +115,20 @@ def _flops_per_token(model, shape: str, seq_len: int) -> float:
     return 6 * n + 12 * SHAPES[shape]["num_hidden_layers"] * SHAPES[shape]["hidden_size"] * seq_len
 
 
-def _rows_of_data(args, row: dict, rank: int, world: int):
-    """An endless iterator of this rank's micro-batches (dicts of CPU tensors with an attention_mask that marks
-    real tokens) and, for the Trainer, the list of every row of one epoch."""
+def _rows_of_data(args, row: dict, rank: int, world: int, micro_batch: int | None = None):
+    """An endless iterator of this rank's micro-batches of ``micro_batch`` rows (default the row's batch; dicts of
+    CPU tensors with an attention_mask that marks real tokens) and, for the Trainer, every row of one epoch."""
     import itertools
 
     import torch
 
+    micro_batch = micro_batch or row["batch"]
     if row["data"] == "random":
         g = torch.Generator().manual_seed(1 + rank)
         ids = torch.randint(0, SHAPES[row["shape"]]["vocab_size"], (row["batch"], args.seq_len), generator=g)
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
-        return itertools.repeat(batch), [{k: v[i] for k, v in batch.items()} for i in range(row["batch"])]
+        micro = [{k: v[i:i + micro_batch] for k, v in batch.items()} for i in range(0, row["batch"], micro_batch)]
+        return itertools.cycle(micro), [{k: v[i] for k, v in batch.items()} for i in range(row["batch"])]
     from trainable.config import SFTConfig
     from common.models import load_tokenizer, resolve_model
     from trainable.packing import collate_packed, epoch_rows, iterate_packed_batches
@@ -126,10 +136,33 @@ def _rows_of_data(args, row: dict, rank: int, world: int):
 
     tokenizer = load_tokenizer(resolve_model(args.tokenizer))
     examples = build_sft_examples(SFTConfig(dataset="alpaca", max_seq_len=args.seq_len), tokenizer, 0, args.data_dir)
-    batches = iterate_packed_batches(examples, row["batch"], args.seq_len, tokenizer.pad_token_id, 0, rank, world)
+    batches = iterate_packed_batches(examples, micro_batch, args.seq_len, tokenizer.pad_token_id, 0, rank, world)
     rows = epoch_rows(examples, args.seq_len, 0, 0)
     every_row = collate_packed(examples, rows, args.seq_len, tokenizer.pad_token_id)
     return batches, [{k: v[i] for k, v in every_row.items()} for i in range(len(rows))]
+
+
+def _layout(args, row: dict, model, device):
+    """The row's ``trainable.layout.Layout``: planned for 'auto', else the row's stage with its whole batch as
+    the micro-batch and ``--recompute`` layers (its ``peak_bytes`` the memory model's prediction either way)."""
+    import torch
+
+    from trainable.layout import Layout, ModelShape, peak_bytes, plan_layout
+
+    shape = ModelShape.from_config(model.config, sum(p.numel() for p in model.parameters()))
+    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
+    if row["zero"] == "auto":
+        return shape, plan_layout(shape, args.seq_len, row["batch"] * row["gpus"], row["batch"], memory,
+                                  workers=row["gpus"])
+    peak = peak_bytes(shape, row["zero"], row["gpus"], row["batch"], args.seq_len, args.recompute)
+    return shape, Layout(row["gpus"], row["zero"], row["batch"], 1, args.recompute, peak, float("nan"))
+
+
+def _dynamo_counts() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values()),
+            "recompiles": sum(counters["recompiles"].values()) if "recompiles" in counters else 0}
 
 
 def run_calsweep(args, row: dict, impl: str) -> dict:
@@ -140,39 +173,54 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     from trainable.config import TrainConfig
     from trainable.deepspeed_setup import build_engine
     from trainable.lm_head import CausalLMWithFusedLoss
+    from trainable.recompute import recomputed_layers
     from trainable.step_accounting import global_mean_loss, optimizer_step
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
     model = _model(row["shape"], device)
     flops = _flops_per_token(model, row["shape"], args.seq_len)
+    shape, layout = _layout(args, row, model, device)
     wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
-    train = TrainConfig(max_steps=args.warmup + args.steps, micro_batch_size=row["batch"], precision="auto",
-                        zero_stage=row["zero"], warmup_ratio=0.0, compile=impl == "calsweep",
-                        deepspeed=json.loads(args.ds) if args.ds else {})
+    ds = json.loads(args.ds) if args.ds else {}
+    if impl == "calsweep_engine_compile":
+        ds = {**ds, "compile": {"deepcompile": True}}
+    train = TrainConfig(max_steps=args.warmup + args.steps, micro_batch_size=layout.micro_batch_size,
+                        gradient_accumulation_steps=layout.gradient_accumulation_steps, precision="auto",
+                        zero_stage=layout.zero_stage, warmup_ratio=0.0, compile=impl == "calsweep", deepspeed=ds)
     engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world)
     if impl == "calsweep_engine_compile":  # DeepSpeed's own torch.compile of the whole module (ZeRO-3 aware hooks)
         engine.compile()
-    batches, _ = _rows_of_data(args, row, rank, world)
+    batches, _ = _rows_of_data(args, row, rank, world, layout.micro_batch_size)
     tokens = [0]
 
     def step() -> float:
-        micro = [next(batches)]
-        tokens[0] += int(micro[0]["attention_mask"].sum())
-        return global_mean_loss(optimizer_step(engine, micro, device, world), 1, world)
+        micro = [next(batches) for _ in range(layout.gradient_accumulation_steps)]
+        tokens[0] += sum(int(batch["attention_mask"].sum()) for batch in micro)
+        return global_mean_loss(optimizer_step(engine, micro, device, world), len(micro), world)
 
-    with compiled_decoder_layers(model, compile_wanted(train.compile, device)) as compiled:
+    torch._dynamo.reset()
+    with recomputed_layers(model, layout.checkpointed), \
+            compiled_decoder_layers(model, compile_wanted(train.compile, device)) as compiled:
+        started = time.perf_counter()
+        first_steps = []
         for _ in range(args.warmup):
             step()
+            _sync_end(device)
+            first_steps.append(time.perf_counter() - started)
         _sync(device)
         started, tokens[0] = time.perf_counter(), 0
         for _ in range(args.steps):
             loss = step()
         _sync_end(device)
         seconds = time.perf_counter() - started
-        how = ", compiled layers" if compiled else ", engine.compile()" if impl == "calsweep_engine_compile" else ""
-        name = f"calsweep (ZeRO-{row['zero']}, fused LS-CE{how})"
+        how = ", compiled layers" if compiled else ", deepcompile" if impl == "calsweep_engine_compile" else ""
+        name = f"calsweep (ZeRO-{layout.zero_stage}, fused LS-CE{how})"
         result = _result(name, args, row, seconds, flops, loss, tokens[0])
+        result.update(zero_stage=layout.zero_stage, micro_batch=layout.micro_batch_size,
+                      accumulation=layout.gradient_accumulation_steps, recomputed_layers=int(layout.checkpointed),
+                      layers=shape.layers, predicted_peak_gib=layout.peak_gib, warmup_step_s=first_steps,
+                      **_dynamo_counts())
         if args.profile and rank == 0:
             _profile(step, args.profile, args.trace)
     return result
@@ -309,7 +357,8 @@ def _launch(args, row: dict, impl: str, part: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={row['gpus']}",
                __file__, "--worker", "--impl", impl, "--row", row_name(row), "--out", str(part)] + \
         [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-         if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir") and v]
+         if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute")
+         and v]
     completed = subprocess.run(command, text=True)
     if completed.returncode == 0 and part.exists():
         return json.loads(part.read_text())
@@ -320,8 +369,8 @@ def table(results: list[dict]) -> str:
     """Rows x implementations: tokens/s per GPU, MFU, peak GiB, step ms, against the Trainer of the same row,
     against the same implementation's one-GPU random row of the shape, and (real-data rows) against the same
     implementation's random row of the same shape, GPUs, stage and batch."""
-    lines = [f"{'row':<20} {'implementation':<52} {'tok/s/GPU':>10} {'MFU':>6} {'peak GiB':>8} {'step ms':>8} "
-             f"{'vs Trainer':>10} {'vs 1 GPU':>8} {'vs random':>9}"]
+    lines = [f"{'row':<22} {'implementation':<52} {'tok/s/GPU':>10} {'MFU':>6} {'peak GiB':>8} {'pred GiB':>8} "
+             f"{'step ms':>8} {'vs Trainer':>10} {'vs 1 GPU':>8} {'vs random':>9}  layout"]
     trainer = {r["row"]: r["tokens_per_s_per_gpu"] for r in results
                if "error" not in r and r["impl"].startswith("Hugging Face")}
     single = {(r["shape"], r["impl"]): r["tokens_per_s_per_gpu"] for r in results
@@ -330,16 +379,26 @@ def table(results: list[dict]) -> str:
                    for r in results if "error" not in r and r["data"] == "random"}
     for r in results:
         if "error" in r:
-            lines.append(f"{r['row']:<20} {r['impl']:<52} {r['error']}")
+            lines.append(f"{r['row']:<22} {r['impl']:<52} {r['error']}")
             continue
         ratio = f"{r['tokens_per_s_per_gpu'] / trainer[r['row']]:.2f}x" if r["row"] in trainer else "-"
         own = single.get((r["shape"], r["impl"]))
         scaling = f"{r['tokens_per_s_per_gpu'] / own:.2f}x" if own and r["gpus"] > 1 else "-"
         same_random = random_rows.get((r["shape"], r["gpus"], r["zero"], r["batch"], r["impl"]))
         real = f"{r['tokens_per_s_per_gpu'] / same_random:.2f}x" if same_random and r["data"] != "random" else "-"
-        lines.append(f"{r['row']:<20} {r['impl']:<52} {r['tokens_per_s_per_gpu']:>10,.0f} {100 * r['mfu']:>5.1f}% "
-                     f"{r['peak_gib']:>8.1f} {r['step_ms']:>8.1f} {ratio:>10} {scaling:>8} {real:>9}")
+        predicted = f"{r['predicted_peak_gib']:>8.1f}" if "predicted_peak_gib" in r else f"{'-':>8}"
+        layout = _layout_text(r) if "zero_stage" in r else ""
+        lines.append(f"{r['row']:<22} {r['impl']:<52} {r['tokens_per_s_per_gpu']:>10,.0f} {100 * r['mfu']:>5.1f}% "
+                     f"{r['peak_gib']:>8.1f} {predicted} {r['step_ms']:>8.1f} {ratio:>10} {scaling:>8} {real:>9}  "
+                     f"{layout}")
     return "\n".join(lines)
+
+
+def _layout_text(r: dict) -> str:
+    """'ZeRO-3 1x2 recompute 8/32 graphs 1 breaks 0': a calsweep result's layout and Dynamo counts."""
+    recompute = f" recompute {r['recomputed_layers']}/{r['layers']}" if r["recomputed_layers"] else ""
+    return (f"ZeRO-{r['zero_stage']} {r['micro_batch']}x{r['accumulation']}{recompute} graphs {r['graphs']} "
+            f"breaks {r['graph_breaks']} recompiles {r['recompiles']}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -354,6 +413,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", default=os.environ.get("CALSWEEP_DATA_DIR"),
                         help="alpaca rows: data root holding alpaca/ (default $CALSWEEP_DATA_DIR, else the hub)")
     parser.add_argument("--ds", default=None, help="JSON merged into calsweep's DeepSpeed config")
+    parser.add_argument("--recompute", type=int, default=0,
+                        help="calsweep rows with a stage: recompute the first K decoder layers in the backward")
     parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps on rank 0")
     parser.add_argument("--trace", default=None, help="with --profile: write the Chrome trace here")
     parser.add_argument("--out", default="sft_throughput.json")
@@ -380,6 +441,8 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for row in rows:
         for impl in impls:
+            if impl == "hf_trainer" and row["zero"] == "auto":
+                continue  # the Trainer has no layout planner: its rows are the stages it is given
             if row["gpus"] > available:
                 results.append({"impl": impl, "row": row_name(row), **row,
                                 "error": f"skipped: needs {row['gpus']} GPUs, this host has {available}"})

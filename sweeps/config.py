@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -23,6 +24,7 @@ import yaml
 from common.config import ConfigError, build, suggest
 from trainable.config import (CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, check_label_smoothing,
                               check_learning_rate)
+from trainable.layout import GIB, Layout, ModelShape, model_shape, plan_layout, with_layout
 
 SAMPLERS = ("tpe", "random", "cmaes", "nsga2", "gp")
 PROGRESS_METRICS = ("train_loss", "val_loss")  # in the workers' training reports: what ASHA can watch
@@ -34,8 +36,9 @@ DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.yaml"
 class ResourcesConfig:
     """How trials map onto the cluster. ``null`` means decide from the cluster and the model."""
 
-    workers_per_trial: int | None = 1  # null: from the model's size (ZeRO-3 memory estimate, see workers_for)
-    gpu_memory_gb: float = 80.0  # per GPU, for that estimate
+    workers_per_trial: int | str | None = "auto"  # GPUs (workers) per trial; auto (or null): the cheapest that fit
+    max_workers_per_trial: int = 8  # auto: at most this many GPUs per trial (one node of 8)
+    gpu_memory_gb: float = 80.0  # GiB per GPU, for the layout's memory model (an H100 shows 79.6, an H200 139.8)
     cpus_per_worker: float | None = None  # null: the cluster's CPUs shared among concurrent trials' workers
     # null: 1 when the cluster has GPUs, else 0; a fraction packs small trials; auto: from a one-step memory probe
     gpus_per_worker: float | str | None = None
@@ -141,12 +144,29 @@ class SweepConfig:
                           params.get("seed", self.trial_seeds[0]))
 
     def trial(self, point: "TrialPoint") -> TrialConfig:
-        """The ``TrialConfig`` of one grid point."""
+        """The ``TrialConfig`` of one grid point, its ``train`` section resolved by the family's layout."""
         family, learning_rate, label_smoothing, seed = point
         return TrialConfig(run_name=self.name, trial_id=trial_id(family, learning_rate, label_smoothing, seed),
                            family=family, learning_rate=learning_rate, label_smoothing=label_smoothing,
                            seed=seed, data_dir=self.data_dir, results_dir=self.results_dir,
-                           custom_models=self.custom_models, sft=self.sft, train=self.train, eval=self.eval)
+                           custom_models=self.custom_models, sft=self.sft,
+                           train=with_layout(self.train, self.layout(family)), eval=self.eval)
+
+    def layout(self, family: str) -> Layout:
+        """The family's layout (``trainable.layout.plan_layout``): the config's explicit workers, stage and
+        checkpointing kept, the rest chosen for ``resources.gpu_memory_gb`` GPUs. With ``workers_per_trial: auto``
+        the step's sequences are ``micro_batch_size x gradient_accumulation_steps`` however many GPUs share them;
+        with a number of workers, each worker takes that many. A family whose shape cannot be read, or that fits
+        nowhere (``layout_problem`` says why), keeps the config's settings (auto: 1 worker, ZeRO-0)."""
+        return _layout(self.train, self.resources, self.sft, family, _custom_key(self.custom_models))
+
+    def layout_problem(self, family: str) -> str | None:
+        """Why no layout fits ``family`` (a one-line config problem), or None."""
+        try:
+            _planned(self.train, self.resources, self.sft, family, _custom_key(self.custom_models))
+        except ValueError as exc:
+            return f"families: {family}: {exc}"
+        return None
 
 
 class TrialPoint(NamedTuple):
@@ -159,21 +179,58 @@ class TrialPoint(NamedTuple):
 
 
 def workers_for(sweep: "SweepConfig", family: str) -> int:
-    """Workers (one GPU each) a trial of ``family`` gets: the config's number, or from the model size.
+    """Workers (one GPU each) a trial of ``family`` gets: its layout's."""
+    return sweep.layout(family).workers
 
-    ZeRO-3 with bf16 weights and gradients plus fp32 master weights and AdamW moments holds ~16 bytes per
-    parameter across the workers; budget 60% of each GPU for it (the rest: activations, buffers) and round up
-    to a power of two. Models of unknown size get 1.
-    """
-    if sweep.resources.workers_per_trial is not None:
-        return sweep.resources.workers_per_trial
-    from common.models import REGISTRY
 
-    params = REGISTRY[family].params if family in REGISTRY and REGISTRY[family].params else None
-    if params is None:
-        return 1
-    needed = math.ceil(16 * params / (0.6 * sweep.resources.gpu_memory_gb * 1e9))
-    return 1 << max(0, needed - 1).bit_length()
+def _custom_key(custom_models: dict[str, CustomModel]) -> str:
+    return json.dumps({name: dataclasses.asdict(model) for name, model in custom_models.items()}, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _shape(family: str, custom_key: str) -> ModelShape | None:
+    from common.models import ModelSpec, resolve_model
+
+    custom = {name: ModelSpec(name, "random_init", m["architecture"], tokenizer=m["tokenizer"],
+                              architecture_config=m["config"]) for name, m in json.loads(custom_key).items()}
+    try:
+        return model_shape(resolve_model(family, custom))
+    except Exception:  # noqa: BLE001 - an unknown or unreadable family is preflight's to report
+        return None
+
+
+def _planned(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, family: str, custom_key: str
+             ) -> Layout | None:
+    """The planned layout, None without a readable shape; ValueError when nothing fits."""
+    workers = resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else None
+    return _plan(family, custom_key, train.pack_length or sft.max_seq_len,
+                 train.micro_batch_size * train.gradient_accumulation_steps * (workers or 1), train.micro_batch_size,
+                 resources.gpu_memory_gb, workers, resources.max_workers_per_trial,
+                 None if train.zero_stage == "auto" else train.zero_stage,
+                 None if train.activation_checkpointing == "auto" else train.activation_checkpointing)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(family: str, custom_key: str, seq_len: int, sequences: int, micro_batch: int, gpu_memory_gb: float,
+          workers: int | None, max_workers: int, stage: int | None, checkpointing: bool | int | None) -> Layout | None:
+    shape = _shape(family, custom_key)
+    if shape is None:
+        return None
+    return plan_layout(shape, seq_len, sequences, micro_batch, gpu_memory_gb * GIB, workers=workers,
+                       max_workers=max_workers, stage=stage, checkpointing=checkpointing)
+
+
+def _layout(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, family: str, custom_key: str) -> Layout:
+    try:
+        planned = _planned(train, resources, sft, family, custom_key)
+    except ValueError:
+        planned = None
+    if planned is not None:
+        return planned
+    ac = train.activation_checkpointing
+    return Layout(resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else 1,
+                  0 if train.zero_stage == "auto" else train.zero_stage, train.micro_batch_size,
+                  train.gradient_accumulation_steps, False if ac == "auto" else ac, math.nan, math.nan)
 
 
 def trial_id(family: str, learning_rate: float, label_smoothing: float, seed: int) -> str:
@@ -227,6 +284,12 @@ def _check_sweep(config: SweepConfig) -> list[str]:
             gpus < 0 or (gpus > 1 and gpus != int(gpus))):
         problems.append(f"resources.gpus_per_worker: expected a fraction in [0, 1], a whole number or 'auto', "
                         f"got {gpus!r}")
+    workers = config.resources.workers_per_trial
+    if not (workers in ("auto", None) or isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1):
+        problems.append(f"resources.workers_per_trial: expected an integer >= 1 or 'auto', got {workers!r}")
+    if config.resources.max_workers_per_trial < 1:
+        problems.append(f"resources.max_workers_per_trial: expected an integer >= 1, got "
+                        f"{config.resources.max_workers_per_trial!r}")
     if config.resources.probe_margin < 1:
         problems.append(f"resources.probe_margin: expected a number >= 1, got {config.resources.probe_margin!r}")
     custom = {n: None for n in config.custom_models}

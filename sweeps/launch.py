@@ -22,6 +22,7 @@ import yaml
 from common.datasource import DataSourceError, resolve_data_dir
 from sweeps import store
 from sweeps.config import ConfigError, SweepConfig, load_sweep, sweep_to_dict, workers_for
+from sweeps.layout_report import layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
 
 
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                   + (", the grid's points first:" if sweep.search.seed_with_grid else "; the grid's points:"))
         for point in sweep.trial_points():
             print(sweep.trial(point).trial_id)
+        print(layout_table(sweep, sft_row_count(sweep)))
         return 0
     failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume),
                        rerun_changed=args.rerun_changed, verbose=args.verbose)

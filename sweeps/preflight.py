@@ -3,7 +3,8 @@
 ``preflight(sweep)`` checks that each family resolves (a registry name with its package or readable hub config,
 an existing local path, or a hub id whose config can be read), each task's data and the SFT data give their
 first row, ``sft.max_seq_len`` holds a prompt and a response token of the first SFT examples under each family's
-tokenizer, ASHA's ``max_t`` exceeds the trials' steps (derived when null), the results directory is writable, the
+tokenizer, each family has a layout that fits its GPUs (``trainable.layout``), ASHA's ``max_t`` exceeds the
+trials' steps (derived when null), the results directory is writable, the
 trackers' packages are installed,
 and which stored ``ok`` rows of the run come from another config (``fingerprint``). It reports all at once.
 """
@@ -193,6 +194,7 @@ def preflight(sweep: SweepConfig) -> Preflight:
         and sweep.sft.max_examples is None
     families = family_problems(sweep)
     problems = list(families.values()) + task_problems(sweep)
+    problems += [p for p in (sweep.layout_problem(f) for f in sweep.families if f not in families) if p]
     sft, rows = sft_problems(sweep, count_rows, set(families))
     problems += sft
     steps = search.trial_steps(sweep, rows)

@@ -26,7 +26,8 @@ def compiled_decoder_layers(model: nn.Module, enabled: bool = True, backend: Any
     """Within the block every ``*DecoderLayer`` of a Hugging Face model runs ``torch.compile(layer.forward)``;
     yields how many layers were compiled (0 when not ``enabled``); the eager forwards are back afterwards.
     ``backend`` is torch.compile's (tests count Dynamo's graphs with a backend of their own)."""
-    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")] if enabled else []
+    layers = decoder_layers(model) if enabled else []
+    before = [layer.__dict__.get("forward") for layer in layers]  # a wrapper set before (activation recompute)
     for layer in layers:
         layer.forward = torch.compile(layer.forward, backend=backend)
     limit = max(torch._dynamo.config.recompile_limit, len(layers))
@@ -34,5 +35,12 @@ def compiled_decoder_layers(model: nn.Module, enabled: bool = True, backend: Any
         with torch._dynamo.config.patch(recompile_limit=limit):
             yield len(layers)
     finally:
-        for layer in layers:
+        for layer, forward in zip(layers, before):
             del layer.forward
+            if forward is not None:
+                layer.forward = forward
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The ``*DecoderLayer`` modules of a Hugging Face model, in order."""
+    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]

@@ -68,7 +68,7 @@ class TrainConfig:
     micro_batch_size: int = 4  # sequences per worker per forward
     gradient_accumulation_steps: int = 1  # micro-batches per optimiser step
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
-    zero_stage: int = 2  # DeepSpeed ZeRO stage: 0 | 1 | 2 | 3
+    zero_stage: int | str = "auto"  # 0-3, or auto: the cheapest that fits (trainable/layout.py)
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
     adam_eps: float = 1e-8  # AdamW epsilon
@@ -78,6 +78,7 @@ class TrainConfig:
     dropout: float | None = None  # sets the model's attention/hidden dropout when given
     loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
     loss_filter: str = "exact"  # the kernel's gradient filter (kernels/filter.py): exact (2^-10) | loose (2^-8) | none
+    activation_checkpointing: bool | int | str = "auto"  # layers recomputed in backward: true, false, k, auto (fewest)
     compile: bool | None = None  # torch.compile each decoder layer; null: on CUDA only (CPU compiles take minutes)
     pad_to_multiple: int | None = None  # right-pad batches to a multiple of this width; null: 64 on CUDA, 1 on CPU
     pack: bool | None = None  # several examples per fixed-width row (trainable/packing.py); null: on CUDA only
@@ -132,8 +133,12 @@ def _check_train(c: TrainConfig) -> list[str]:
     problems += _positive("gradient_accumulation_steps", c.gradient_accumulation_steps)
     if c.precision not in PRECISIONS:
         problems.append(f"precision: expected one of {list(PRECISIONS)}, got {c.precision!r}")
-    if c.zero_stage not in (0, 1, 2, 3):
-        problems.append(f"zero_stage: expected 0, 1, 2 or 3, got {c.zero_stage!r}")
+    if c.zero_stage not in (0, 1, 2, 3, "auto") or isinstance(c.zero_stage, bool):
+        problems.append(f"zero_stage: expected 0, 1, 2, 3 or 'auto', got {c.zero_stage!r}")
+    ac = c.activation_checkpointing
+    if not (isinstance(ac, bool) or ac == "auto" or (isinstance(ac, int) and ac >= 0)):
+        problems.append(f"activation_checkpointing: expected true, false, a number of layers >= 0 or 'auto', "
+                        f"got {ac!r}")
     if c.schedule not in SCHEDULES:
         problems.append(f"schedule: expected one of {list(SCHEDULES)}, got {c.schedule!r}")
     if not 0 <= c.warmup_ratio < 1:

@@ -22,32 +22,48 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def zero3_buckets(hidden_size: int) -> dict[str, Any]:
-    """ZeRO-3 bucket sizes scaled to the model width h (the rule the Hugging Face integration fills "auto" with):
-    gradient reduce buckets h^2 elements, parameter prefetch 0.9 h^2, parameters under 10 h elements kept
-    whole on every rank (norms, biases: gathering them costs more than holding them), communication overlapped."""
-    return {"reduce_bucket_size": hidden_size * hidden_size,
-            "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
-            "stage3_param_persistence_threshold": 10 * hidden_size,
-            "overlap_comm": True, "contiguous_gradients": True}
+def resolved_stage(train: TrainConfig, world_size: int) -> int:
+    """The ZeRO stage: the config's, or for 'auto' (a trial config built without a sweep's layout) ZeRO-0 on one
+    rank and ZeRO-2 across ranks."""
+    if train.zero_stage != "auto":
+        return int(train.zero_stage)
+    return 0 if world_size == 1 else 2
+
+
+def zero_buckets(stage: int, layer_params: int) -> dict[str, Any]:
+    """ZeRO's buckets sized to one decoder layer of ``layer_params`` parameters.
+
+    ZeRO-2 reduces a layer's gradients in one bucket. ZeRO-3 gathers each decoder layer whole (it is a leaf
+    module: ``build_engine``), prefetches the next one (prefetch bucket = one layer), keeps at most three layers
+    live, reduces a layer's gradients at once, and keeps parameters under 10^5 elements (norms) whole on every
+    rank, communication overlapped with compute.
+    """
+    if stage == 2:
+        return {"reduce_bucket_size": layer_params, "allgather_bucket_size": layer_params, "overlap_comm": True,
+                "contiguous_gradients": True}
+    if stage == 3:
+        return {"reduce_bucket_size": layer_params, "stage3_prefetch_bucket_size": layer_params,
+                "stage3_max_live_parameters": 3 * layer_params, "stage3_max_reuse_distance": 3 * layer_params,
+                "stage3_param_persistence_threshold": 100_000, "overlap_comm": True, "contiguous_gradients": True}
+    return {}
 
 
 def deepspeed_config(train: TrainConfig, precision: str, world_size: int,
-                     hidden_size: int | None = None) -> dict[str, Any]:
+                     layer_params: int | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON config; ``train.deepspeed`` entries are merged in last (researcher overrides).
 
     Two defaults keep the host from waiting on the GPU every step: the throughput timer (two device
     synchronisations per step) is off, and bf16 skips ZeRO's overflow check (a per-parameter inf/nan scan read
-    back on the host; bf16 has float32's range, and a non-finite loss still stops the trial). Under ZeRO-3
-    with a known ``hidden_size`` the buckets follow ``zero3_buckets``.
+    back on the host; bf16 has float32's range, and a non-finite loss still stops the trial). With a known
+    decoder-layer size the ZeRO-2/3 buckets follow ``zero_buckets``.
     """
+    stage = resolved_stage(train, world_size)
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.gradient_accumulation_steps,
         "train_batch_size": train.micro_batch_size * train.gradient_accumulation_steps * world_size,
         "gradient_clipping": train.max_grad_norm,
-        "zero_optimization": {"stage": train.zero_stage,
-                              **(zero3_buckets(hidden_size) if train.zero_stage == 3 and hidden_size else {})},
+        "zero_optimization": {"stage": stage, **(zero_buckets(stage, layer_params) if layer_params else {})},
         "bf16": {"enabled": precision == "bf16", "check_grad_overflow": False},
         "fp16": {"enabled": precision == "fp16"},
         "steps_per_print": 10**9,
@@ -97,26 +113,27 @@ def sanitize_cuda_arch_list() -> None:
                                                       if part)
 
 
-def _hidden_size(module: torch.nn.Module) -> int | None:
-    """The width of the (wrapped) Hugging Face model inside ``module``, if it has one."""
-    model = getattr(module, "model", module)
-    config = getattr(model, "config", None)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(config, "hidden_size", None)
-
-
 def build_engine(module: torch.nn.Module, train: TrainConfig, learning_rate: float, total_steps: int,
                  device: torch.device, world_size: int):
-    """(engine, precision) for ``module``; torch.distributed must already be initialised (Ray Train does it)."""
+    """(engine, precision) for ``module``; torch.distributed must already be initialised (Ray Train does it).
+    Under ZeRO-3 each decoder layer is a ZeRO-3 leaf module: gathered and released whole, with DeepSpeed's hooks
+    on the layer alone, so that a compiled layer's graph holds none of them (``trainable.compiled``)."""
     sanitize_cuda_arch_list()
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
+    from deepspeed.utils import set_z3_leaf_modules
+
+    from trainable.compiled import decoder_layers
 
     precision = resolve_precision(train.precision, device)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     warmup = int(train.warmup_ratio * total_steps)
-    config = deepspeed_config(train, precision, world_size, _hidden_size(module))
+    layers = decoder_layers(module)
+    layer_params = sum(p.numel() for p in layers[0].parameters()) if layers else None
+    config = deepspeed_config(train, precision, world_size, layer_params)
+    if config["zero_optimization"]["stage"] == 3 and layers:
+        set_z3_leaf_modules(module, list({type(layer) for layer in layers}))
     parameters = [p for p in module.parameters() if p.requires_grad]
     optimizer = None if "optimizer" in config else adamw(parameters, train, learning_rate, device)
     engine, _, _, _ = deepspeed.initialize(

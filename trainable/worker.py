@@ -27,13 +27,15 @@ from calibration.task_config import TASKS
 from trainable import checkpointing
 from trainable.ats import trial_ats_head
 from trainable.attention_check import AttentionChoice, choose_attention
-from trainable.compiled import compile_wanted, compiled_decoder_layers
+from trainable.compiled import compile_wanted, compiled_decoder_layers, decoder_layers
+from trainable.deepspeed_setup import resolved_stage
 from trainable.export import save_hf_model
 from trainable.config import TrialConfig
 from trainable.fault_injection import die_if_due, oom_if_due
 from trainable.lm_head import CausalLMWithFusedLoss
 from common.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_cache_counts, prepare_node
+from trainable.recompute import checkpointed_count, recomputed_layers
 from trainable.packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 from trainable.step_accounting import StepClock, global_mean_loss, optimizer_step, warmup_step_count
@@ -193,7 +195,9 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     confidence = resumed.confidence if resumed else math.nan
     val_loss: float | None = resumed.val_loss if resumed else None
     prior_tokens = resumed.tokens if resumed else 0
-    with attention.context(), compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
+    recomputed = checkpointed_count(trial.train.activation_checkpointing, len(decoder_layers(model)))
+    with attention.context(), recomputed_layers(model, recomputed), \
+            compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
         for step in range(start + 1, total_steps + 1):
             micro_batches = [next(batches) for _ in range(accumulation)]
             clock.tokens += sum(int(batch["attention_mask"].sum()) for batch in micro_batches)
@@ -238,7 +242,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     records, floor = None, {}
     if trial.eval.tasks:
         engine.eval()
-        scorer = scoring_model(model, trial.train.zero_stage, device, rank, world_size)
+        scorer = scoring_model(model, resolved_stage(trial.train, world_size), device, rank, world_size)
         if scorer is not None:
             ats_head = trial_ats_head(scorer, tokenizer, trial, progress=rank == 0) if trial.eval.ats.enabled else None
             result = evaluate_model(scorer, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,

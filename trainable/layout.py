@@ -1,0 +1,227 @@
+"""A trial's layout: how many GPUs, which ZeRO stage, which micro-batch and how many checkpointed layers.
+
+``plan_layout`` picks the cheapest layout that fits: every candidate (GPUs N in 1, 2, 4, ...; ZeRO stage 0-3;
+micro-batch a divisor of the step's sequences per GPU; the fewest checkpointed decoder layers that fit) whose
+predicted peak (``peak_bytes``) is within the GPU's budget, ranked by GPU-seconds per token (when the stage is chosen too: ZeRO-0 on one GPU, ZeRO-2 or 3 across GPUs, since
+ZeRO-1 partitions less than ZeRO-2 for the same traffic):
+    cost = N / (MFU(stage, N) x recompute(k)),   recompute(k) = 1 / (1 + k / (3 L))
+(re-running k of L layers' forwards adds k/L of a forward, a third of a step's FLOPs). MFU per stage is the
+recorded one (``RECORDED_MFU``). Ties go to fewer GPUs, then the lower stage. The tokens of an optimiser step
+(sequences x length) stay what the config says, however many GPUs share them.
+
+Memory model, bytes per GPU for P parameters, N ranks, bf16 weights with fp32 master weights and AdamW moments
+(DeepSpeed 0.19 accumulates bf16 gradients in fp32; ZeRO-0 with bf16 runs its BF16_Optimizer, which keeps fp32
+gradients of every parameter and partitions the fp32 state like ZeRO-1):
+    stage 0:  2P + 4P + 12P/N         (bf16 weights, fp32 gradients, fp32 master weights + AdamW moments)
+    stage 1:  2P + 2P + 16P/N         (bf16 gradients of every parameter, reduced into fp32 partitions)
+    stage 2:  2P + 16P/N + two layer-sized bf16 buckets
+    stage 3:  18P/N + three live layers and the head, gathered in bf16
+plus the activations: per token and decoder layer ``ACTIVATION_BYTES`` (bf16, compiled layers, SDPA) for the
+layers that are not checkpointed, 2 h for those that are, one layer's worth during its recompute, and the fused
+loss's workspace (its float32 hidden-state gradient, the bf16 hidden states, and its 136 MiB chunk).
+Checked against the peaks measured on GPUs (tests/trainable/test_layout.py reads their JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+GIB = 2**30
+PEAK_BF16_FLOPS = 989e12  # H100 / H200 SXM dense bf16: the MFU denominator
+CUDA_CONTEXT_BYTES = 1.0 * GIB  # CUDA context, NCCL and cuBLAS workspaces outside PyTorch's allocator
+ALLOCATOR_SLACK = 0.06  # fragmentation of the caching allocator: reserved memory over the peak allocated
+LOSS_CHUNK_BYTES = 136 * 2**20  # kernels/backward.py: the dedicated dZ chunk at most
+# Per token and decoder layer, bytes saved for the backward with compiled layers in bf16: c_h h + c_kv (kv width)
+# + c_i I; fitted to the 1B shape's peaks at micro-batch 2 and 4 on an H200 (1.6 GiB per 2048-token sequence).
+ACTIVATION_BYTES = {"hidden": 10, "kv": 4, "intermediate": 3.5}
+# MFU of the trial loop per layout, measured (docs/results.md): (stage, gpus > 1) -> MFU.
+RECORDED_MFU = {(0, False): 0.40, (0, True): 0.40, (1, True): 0.43, (2, True): 0.43, (3, False): 0.34,
+                (3, True): 0.34}
+STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory model needs of a decoder-only transformer."""
+
+    params: int
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    kv_width: int  # key/value heads x head dim
+    tied: bool
+
+    @classmethod
+    def from_config(cls, config: Any, params: int | None = None) -> "ModelShape":
+        """From a Hugging Face config (object or dict of its fields); ``params`` counted from it when not given."""
+        get = (lambda key, default=None: config.get(key, default)) if isinstance(config, dict) else \
+            (lambda key, default=None: getattr(config, key, default))
+        hidden, layers, vocab = get("hidden_size"), get("num_hidden_layers"), get("vocab_size")
+        intermediate = get("intermediate_size") or 4 * hidden
+        heads = get("num_attention_heads")
+        head_dim = get("head_dim") or hidden // heads
+        kv_width = (get("num_key_value_heads") or heads) * head_dim
+        tied = bool(get("tie_word_embeddings", True))
+        if params is None:  # attention (q, o: heads x head_dim; k, v) + gated MLP + two norms per layer
+            per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_width + 3 * hidden * intermediate + 2 * hidden
+            params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
+        return cls(int(params), int(layers), int(hidden), int(intermediate), int(vocab), int(kv_width), tied)
+
+    @property
+    def layer_params(self) -> int:
+        return (self.params - self.vocab * self.hidden * (1 if self.tied else 2)) // self.layers
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 x (non-embedding params + the head) + 12 L h T (attention scores)."""
+        return 6 * (self.params - (self.vocab * self.hidden if not self.tied else 0)) \
+            + 12 * self.layers * self.hidden * seq_len
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One trial's layout; ``checkpointed`` of the decoder layers recompute their activations in the backward."""
+
+    workers: int
+    zero_stage: int
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    checkpointed: int | bool  # decoder layers recomputed (the first k); True: all of them
+    peak_bytes: float  # predicted, per GPU (PyTorch's allocator, without the CUDA context)
+    cost: float  # GPU-seconds per token relative units: workers / (MFU x recompute factor)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    def describe(self, layers: int | None = None) -> str:
+        """'2 GPUs, ZeRO-2, micro-batch 2 x 1, 8/32 layers checkpointed' style summary."""
+        gpus = f"{self.workers} GPU{'s' if self.workers > 1 else ''}"
+        ac = f", {self.checkpointed}/{layers} layers checkpointed" if self.checkpointed and layers else \
+            (f", {self.checkpointed} layers checkpointed" if self.checkpointed else "")
+        batch = f"micro-batch {self.micro_batch_size} x {self.gradient_accumulation_steps}"
+        return f"{gpus}, ZeRO-{self.zero_stage}, {batch}{ac}"
+
+
+def state_bytes(shape: ModelShape, stage: int, workers: int) -> float:
+    """Weights, gradients, optimizer states and ZeRO's working set per GPU (module docstring)."""
+    p, n, layer = shape.params, workers, shape.layer_params
+    if stage == 0:
+        return 2 * p + 4 * p + 12 * p / n
+    if stage == 1:
+        return 2 * p + 2 * p + 16 * p / n
+    if stage == 2:
+        return 2 * p + 16 * p / n + 2 * 2 * layer
+    return 2 * p / n + 16 * p / n + 2 * (3 * layer + shape.vocab * shape.hidden)
+
+
+def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool) -> float:
+    """Activations kept for the backward of ``tokens`` tokens per GPU with ``checkpointed`` layers recomputed."""
+    k = shape.layers if checkpointed is True else min(int(checkpointed), shape.layers)
+    per_layer = (ACTIVATION_BYTES["hidden"] * shape.hidden + ACTIVATION_BYTES["kv"] * shape.kv_width
+                 + ACTIVATION_BYTES["intermediate"] * shape.intermediate) * tokens
+    kept = (shape.layers - k) * per_layer + k * 2 * shape.hidden * tokens
+    recompute = per_layer if k else 0
+    loss = 4 * shape.hidden * tokens + 2 * shape.hidden * tokens + LOSS_CHUNK_BYTES
+    return kept + recompute + loss
+
+
+def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
+               checkpointed: int | bool = 0) -> float:
+    """Predicted peak of PyTorch's allocator per GPU: the states plus the backward's activations."""
+    return state_bytes(shape, stage, workers) + activation_bytes(shape, micro_batch * seq_len, checkpointed)
+
+
+def budget_bytes(gpu_memory_bytes: float) -> float:
+    """What PyTorch may allocate on a GPU of ``gpu_memory_bytes``: less the CUDA context and allocator slack."""
+    return (gpu_memory_bytes - CUDA_CONTEXT_BYTES) / (1 + ALLOCATOR_SLACK)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_batch: int,
+               gpu_memory_bytes: float, workers: Iterable[int], stages: tuple[int, ...],
+               checkpointing: bool | int | None) -> list[Layout]:
+    """Every layout that fits: per (GPUs, stage, micro-batch up to ``micro_batch`` dividing the GPU's share of the
+    step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none, True for
+    all, or a count). A micro-batch below the config's costs 3% (smaller products, more steps of the loop)."""
+    budget, fitting = budget_bytes(gpu_memory_bytes), []
+    for n in workers:
+        if sequences_per_step % n:
+            continue
+        share = sequences_per_step // n
+        for stage in stages:
+            if len(stages) > 1 and (stage > 0) != (n > 1) or len(stages) > 1 and stage == 1:
+                continue  # choosing: ZeRO-0 on one GPU (nothing to partition), ZeRO-2 or 3 across GPUs
+            mfu = RECORDED_MFU.get((stage, n > 1), RECORDED_MFU[(2, True)])
+            for micro in (d for d in _divisors(share) if d <= micro_batch):
+                layers = _checkpoint_choices(shape.layers, checkpointing)
+                k = next((k for k in layers if peak_bytes(shape, stage, n, micro, seq_len, k) <= budget), None)
+                if k is None:
+                    continue
+                cost = n / (mfu / (1 + k / (3 * shape.layers))) * (1.03 if micro < micro_batch else 1.0)
+                fitting.append(Layout(n, stage, micro, share // micro, k,
+                                      peak_bytes(shape, stage, n, micro, seq_len, k), cost))
+    return fitting
+
+
+def _checkpoint_choices(layers: int, checkpointing: bool | int | None) -> list[int]:
+    if checkpointing is None:
+        return list(range(layers + 1))
+    if checkpointing is True:
+        return [layers]
+    return [min(int(checkpointing), layers)]
+
+
+def plan_layout(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_batch: int,
+                gpu_memory_bytes: float, workers: int | None = None, max_workers: int = 8,
+                stage: int | None = None, checkpointing: bool | int | None = None) -> Layout:
+    """The cheapest fitting layout (module docstring); given ``workers``/``stage``/``checkpointing`` are kept.
+    Raises ValueError naming the model, memory and what was tried when nothing fits."""
+    counts = [workers] if workers else [1 << i for i in range(int(math.log2(max_workers)) + 1)]
+    fitting = candidates(shape, seq_len, sequences_per_step, micro_batch, gpu_memory_bytes, counts,
+                         (stage,) if stage is not None else STAGES, checkpointing)
+    if not fitting:
+        smallest = peak_bytes(shape, 3, max(counts), 1, seq_len, True) / GIB
+        raise ValueError(f"expected a layout of a {shape.params / 1e9:.2f}B-parameter model ({sequences_per_step} "
+                         f"sequences of {seq_len} tokens a step) within {gpu_memory_bytes / GIB:.0f} GiB GPUs on "
+                         f"{'/'.join(map(str, counts))} GPUs, got none: the smallest needs {smallest:.1f} GiB per GPU; "
+                         f"raise resources.max_workers_per_trial or lower sft.max_seq_len")
+    return min(fitting, key=lambda c: (round(c.cost, 6), c.workers, c.zero_stage, c.checkpointed))
+
+
+def gpu_hours(shape: ModelShape, layout: Layout, tokens: float, seq_len: int) -> float:
+    """Predicted GPU-hours to train ``tokens`` tokens: tokens x FLOPs per token / (MFU x peak) x recompute."""
+    mfu = RECORDED_MFU.get((layout.zero_stage, layout.workers > 1), RECORDED_MFU[(2, True)])
+    recompute = 1 + layout.checkpointed / (3 * shape.layers)
+    return tokens * shape.flops_per_token(seq_len) * recompute / (mfu * PEAK_BF16_FLOPS) / 3600
+
+
+def with_layout(train: Any, layout: Layout) -> Any:
+    """A ``TrainConfig`` with the layout's stage, micro-batch, accumulation and checkpointed layers."""
+    return dataclasses.replace(train, zero_stage=layout.zero_stage, micro_batch_size=layout.micro_batch_size,
+                               gradient_accumulation_steps=layout.gradient_accumulation_steps,
+                               activation_checkpointing=layout.checkpointed)
+
+
+def model_shape(spec: Any) -> ModelShape | None:
+    """The shape of a ``common.models.ModelSpec``: its architecture config (random init), the registry's
+    dimensions, or the Hugging Face config at its location; None when none can be read (offline, unknown)."""
+    from transformers import AutoConfig
+
+    if spec.source == "random_init":
+        config = AutoConfig.for_model(spec.location, **spec.architecture_config)
+        return ModelShape.from_config(config.get_text_config())
+    if spec.dimensions and spec.hidden_size and spec.vocab_size:
+        return ModelShape.from_config({**spec.dimensions, "hidden_size": spec.hidden_size,
+                                       "vocab_size": spec.vocab_size}, spec.params)
+    try:
+        config = AutoConfig.from_pretrained(spec.location)
+    except Exception:  # noqa: BLE001 - no readable config: the layout falls back to the config's own settings
+        return None
+    return ModelShape.from_config(config.get_text_config())
