@@ -150,7 +150,8 @@ class SweepConfig:
                            family=family, learning_rate=learning_rate, label_smoothing=label_smoothing,
                            seed=seed, data_dir=self.data_dir, results_dir=self.results_dir,
                            custom_models=self.custom_models, sft=self.sft,
-                           train=with_layout(self.train, self.layout(family)), eval=self.eval)
+                           train=with_layout(self.train, self.layout(family),
+                                             _shape(family, _custom_key(self.custom_models))), eval=self.eval)
 
     def layout(self, family: str) -> Layout:
         """The family's layout (``trainable.layout.plan_layout``): the config's explicit workers, stage and
