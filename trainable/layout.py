@@ -15,7 +15,7 @@ gradients of every parameter and partitions the fp32 state like ZeRO-1):
     stage 0:  2P + 4P + 12P/N         (bf16 weights, fp32 gradients, fp32 master weights + AdamW moments)
     stage 1:  2P + 2P + 16P/N         (bf16 gradients of every parameter, reduced into fp32 partitions)
     stage 2:  2P + 16P/N + two bf16 reduce buckets
-    stage 3:  18P/N + the live parameters in bf16 + the reduce bucket in fp32 + the head gathered in bf16
+    stage 3:  18P/N + the live parameters, the reduce bucket and the head (gathered), all in bf16
 and across GPUs 1.5 GiB of NCCL's and ZeRO's communication buffers (fitted: the 2-GPU peaks of the 1B shape sit
 1.5-1.8 GiB above the model without them),
 plus the activations: per token and decoder layer ``ACTIVATION_BYTES`` (bf16, compiled layers, SDPA) for the
@@ -40,9 +40,11 @@ LOSS_CHUNK_BYTES = 136 * 2**20  # kernels/backward.py: the dedicated dZ chunk at
 # Per token and decoder layer, bytes saved for the backward with compiled layers in bf16: c_h h + c_kv (kv width)
 # + c_i I; fitted to the 1B shape's peaks at micro-batch 2 and 4 on an H200 (1.6 GiB per 2048-token sequence).
 ACTIVATION_BYTES = {"hidden": 10, "kv": 4, "intermediate": 3.5}
-# MFU of the trial loop per layout, measured (docs/results.md): (stage, gpus > 1) -> MFU.
-RECORDED_MFU = {(0, False): 0.40, (0, True): 0.40, (1, True): 0.43, (2, True): 0.43, (3, False): 0.34,
-                (3, True): 0.34}
+# MFU of the trial loop (compiled layers) per layout, measured on H200s (docs/results.md): (stage, GPUs > 1) -> MFU.
+# ZeRO-0: 1B on one GPU 41.0%; ZeRO-2: 1B 45.3%, 8B 45.3% on two; ZeRO-3: 1B 34.5%, 8B 40.1% on two (their mean),
+# 37.5% on one. ZeRO-1 is not measured: ZeRO-2's.
+RECORDED_MFU = {(0, False): 0.41, (0, True): 0.41, (1, True): 0.45, (2, True): 0.45, (3, False): 0.375,
+                (3, True): 0.37}
 STAGES = (0, 1, 2, 3)
 
 
@@ -147,7 +149,7 @@ def state_bytes(shape: ModelShape, stage: int, workers: int, zero: dict[str, Any
     if stage == 2:
         return 2 * p + 16 * p / n + 2 * 2 * zero.get("reduce_bucket_size", 5e8) + comm
     live = zero.get("stage3_max_live_parameters", 1e9)
-    return 2 * p / n + 16 * p / n + 2 * live + 4 * zero.get("reduce_bucket_size", 5e8) \
+    return 2 * p / n + 16 * p / n + 2 * live + 2 * zero.get("reduce_bucket_size", 5e8) \
         + 2 * shape.vocab * shape.hidden + comm
 
 
