@@ -101,7 +101,7 @@ def test_dry_run_reports_preflight_problems_in_one_line_each(data_dir, tmp_path,
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and lines[0].startswith("calsweep: error: sft.max_seq_len: 12") and "is a file" in lines[1]
     assert launch.main(["seeds=[0, 1]", *args, "--results-dir", str(tmp_path / "results")]) == 0  # any order
-    listed = capsys.readouterr().out.split()
+    listed = capsys.readouterr().out.split("\nLayouts on ")[0].split()
     assert len(listed) == 4 and len({line.split("_s")[-1] for line in listed}) == 4
 
 

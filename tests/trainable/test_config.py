@@ -40,7 +40,7 @@ def test_default_config_is_the_four_trial_grid():
                                                   "report while training), got 'val_los' (did you mean 'val_loss'?)"),
     ({"search": {"method": "optuna", "objectives": {"mmlu_ecee": "min"}}},
      "search.objectives: 'mmlu_ecee' is no metric a trial reports (did you mean 'mmlu_ece'?)"),
-    ({"train": {"zero_stage": 4}}, "config.train.zero_stage: expected 0, 1, 2 or 3, got 4"),
+    ({"train": {"zero_stage": 4}}, "config.train.zero_stage: expected 0, 1, 2, 3 or 'auto', got 4"),
     ({"train": {"loss_filter": "fast"}},
      "config.train.loss_filter: expected one of ['exact', 'loose', 'none'], got 'fast'"),
     ({"eval": {"tasks": ["squad"]}}, "got ['squad']"),
@@ -156,15 +156,24 @@ def test_cli_reports_a_missing_data_dir_in_one_line(tmp_path):
     assert "nowhere" in out.stderr and "Hugging Face hub" in out.stderr
 
 
-def test_cli_dry_run_lists_trials():
+def _trial_ids(stdout: str) -> list[str]:
+    """The trial ids a dry run lists, before its layout table."""
+    return stdout.split("\nLayouts on ")[0].split()
+
+
+def test_cli_dry_run_lists_trials_and_layouts():
     out = _launch("--dry-run")
     assert out.returncode == 0, out.stderr
-    assert len(out.stdout.split()) == 4
+    assert len(_trial_ids(out.stdout)) == 4
+    # each family's layout, the memory model's peak per GPU and the sweep's predicted GPU-hours
+    assert "  smollm2-135m: 1 GPU, ZeRO-0, micro-batch 2 x 2; peak " in out.stdout
+    assert "  gemma3-270m: 1 GPU, ZeRO-0, micro-batch 2 x 2; peak " in out.stdout
+    assert "2 trial(s)," in out.stdout and "  sweep: " in out.stdout and " GPU-hours" in out.stdout
 
 
 def test_cli_families_runs_one_half_of_a_grid():
     out = _launch("--families", "gemma3-270m", "--dry-run")
     assert out.returncode == 0, out.stderr
-    assert [t.split("_")[0] for t in out.stdout.split()] == ["gemma3-270m", "gemma3-270m"]
+    assert [t.split("_")[0] for t in _trial_ids(out.stdout)] == ["gemma3-270m", "gemma3-270m"]
     bad = _launch("--families", "gemma3-270m,nosuch", "--dry-run")
     assert bad.returncode == 2 and "unknown model family 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
