@@ -21,8 +21,9 @@ import yaml
 
 from common.datasource import DataSourceError, resolve_data_dir
 from sweeps import store
-from sweeps.config import ConfigError, SweepConfig, load_sweep, sweep_to_dict, workers_for
+from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, workers_for
 from sweeps.preflight import preflight, stale_problems
+from sweeps.run_lock import RunLockedError, run_lock
 
 
 DRIVER_CPUS = 0.001  # a trial's Tune function only waits on its TorchTrainer
@@ -206,12 +207,17 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
         )
     if not verbose:  # MLflow's own INFO lines (creating its tables) are no trial events
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-    tuner.fit()
+    grid = tuner.fit()
     retry_out_of_memory(sweep, param_space, callbacks)
     print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
     print(f"\nResults: {results_dir}/trials (one row per trial), {results_dir}/questions (per question)", flush=True)
-    statuses = store.read_trials(results_dir, sweep.name).column("status").to_pylist()
-    return statuses.count("failed")  # a trial stopped early by the scheduler is not a failure
+    statuses = store.trial_statuses(results_dir, sweep.name)
+    unrecorded = sorted({sweep.trial(sweep.point(result.config)).trial_id for result in grid} - set(statuses))
+    if unrecorded:
+        print(f"\n{len(unrecorded)} trial(s) have no row in the store ({', '.join(unrecorded[:3])}"
+              f"{', ...' if len(unrecorded) > 3 else ''}): `--resume {sweep.name}` runs them again and records them",
+              flush=True)
+    return list(statuses.values()).count("failed") + len(unrecorded)  # a scheduler's early stop is no failure
 
 
 def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbacks: Callable[[], list]) -> None:
@@ -251,6 +257,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     try:
         config = args.config
         if args.resume:
+            if name_problems(args.resume, "--resume"):
+                raise ConfigError(*name_problems(args.resume, "--resume"))
             config = os.path.join(args.results_dir or "results", "runs", args.resume, "sweep.yaml")
             if not os.path.isfile(config):
                 raise ConfigError(f"--resume {args.resume!r}: expected a run saved at {config}, found none")
@@ -281,8 +289,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         for point in sweep.trial_points():
             print(sweep.trial(point).trial_id)
         return 0
-    failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume),
-                       rerun_changed=args.rerun_changed, verbose=args.verbose)
+    try:
+        with run_lock(sweep.results_dir, sweep.name):
+            failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume),
+                               rerun_changed=args.rerun_changed, verbose=args.verbose)
+    except RunLockedError as exc:
+        return _report([str(exc)])
     return 1 if failed else 0
 
 

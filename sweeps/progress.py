@@ -58,6 +58,14 @@ class TrialProgress(Callback):
         self.last_print: dict[str, float] = {}
         self.durations: list[float] = []
         self.resumed: dict[str, int] = {}
+        self.caught_up = False
+
+    def _catch_up(self, trials: list) -> None:
+        """Count, once per launch, the trials a restored experiment (``--resume``) finished before it: Tune reports
+        no event of theirs, and the counter would stop short of the total."""
+        if not self.caught_up:
+            self.caught_up = True
+            self.finished += sum(t.status in ("TERMINATED", "ERROR") for t in trials if t.trial_id not in self.started)
 
     def _say(self, text: str) -> None:
         print(f"[calsweep {self.finished}/{self.total}] {text}", flush=True)
@@ -73,6 +81,7 @@ class TrialProgress(Callback):
         return time.time() - self.started.get(trial.trial_id, time.time())
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._catch_up(trials)
         now = time.time()
         self.started[trial.trial_id] = now
         self.fraction[trial.trial_id] = None
@@ -147,7 +156,11 @@ class StoreRecorder(Callback):
             return
         row = trial_row(self.sweep, config, dict(trial.last_result or {}), status, error,
                         self.started.get(trial.trial_id, _now()), config["provenance"])
-        store.write_trial(self.sweep.results_dir, row)
+        try:
+            store.write_trial(self.sweep.results_dir, row)
+        except OSError as exc:  # the store (full, unwritable, gone): this trial's line, the sweep goes on
+            print(f"[calsweep] {trial_id}: its {status} row could not be written to the store "
+                  f"({' '.join(str(exc).split())[:300]}); `--resume {self.sweep.name}` runs it again", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record(trial, "stopped", "stopped early by the scheduler", replaces=("failed",))

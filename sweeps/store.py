@@ -167,6 +167,10 @@ def write_questions(root: str, run_name: str, trial_id: str, records: pa.Table) 
     return _atomic_write(table, root, "questions", file_stem(run_name, trial_id))
 
 
+class DamagedFileError(ValueError):
+    """A file of the store cannot be read as Parquet (e.g. a disk or copy damaged it); the message names it."""
+
+
 def _read(root: str, table_name: str, schema: pa.Schema, run_name: str | None) -> pa.Table:
     fs, base = filesystem(root)
     directory = f"{base}/{table_name}"
@@ -174,8 +178,23 @@ def _read(root: str, table_name: str, schema: pa.Schema, run_name: str | None) -
         return schema.empty_table()
     dataset = ds.dataset(directory, format="parquet", filesystem=fs, schema=schema,
                          ignore_prefixes=[".", "_"])
-    table = dataset.to_table(filter=(ds.field("run_name") == run_name) if run_name else None)
-    return table
+    try:
+        return dataset.to_table(filter=(ds.field("run_name") == run_name) if run_name else None)
+    except (OSError, pa.ArrowException) as exc:
+        raise _damaged(dataset, fs, exc) from None
+
+
+def _damaged(dataset: ds.FileSystemDataset, fs: pafs.FileSystem, exc: BaseException) -> BaseException:
+    """The ``DamagedFileError`` naming the first of ``dataset``'s files that does not read on its own, else ``exc``
+    (the failure was not one file's)."""
+    for path in dataset.files:
+        try:
+            pq.read_table(path, filesystem=fs)
+        except (OSError, pa.ArrowException) as error:
+            return DamagedFileError(f"{path}: damaged Parquet file, it cannot be read "
+                                    f"({' '.join(str(error).split())[:200]}); expected a whole file: move it out "
+                                    f"of the store (`--resume` re-runs its trial) or restore it from a copy")
+    return exc
 
 
 def read_trials(root: str, run_name: str | None = None) -> pa.Table:
