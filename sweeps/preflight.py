@@ -249,5 +249,8 @@ def preflight(sweep: SweepConfig) -> Preflight:
     if unwritable:
         problems.append(unwritable)
     elif "://" in sweep.results_dir or Path(sweep.results_dir).is_dir():
-        changed = changed_trials(sweep)
+        try:
+            changed = changed_trials(sweep)
+        except store.DamagedFileError as exc:
+            problems.append(f"results store: {exc}")
     return Preflight(sweep, problems, changed)
