@@ -41,7 +41,9 @@ class ResourcesConfig:
     gpus_per_worker: float | str | None = None
     probe_margin: float = 1.3  # auto: the fraction asked is the probe's peak memory x this, over the GPU's memory
     max_concurrent_trials: int | None = None  # null: GPUs // gpus per trial (at least 1)
-    max_failures: int = 1  # Ray Train retries of a crashed trial before it is recorded as failed
+    # retries of a crashed trial before it is recorded as failed: by Ray Train (a worker died), and by Tune (the
+    # trial's driver died, e.g. with its node); either resumes from the last checkpoint
+    max_failures: int = 1
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     from ray import tune
 
     from sweeps import search, tracking
-    from sweeps.driver import trial_driver
+    from sweeps.driver import _now, trial_driver
     from sweeps.progress import StoreRecorder, TrialProgress
     from common.provenance import git_revision, package_versions
 
@@ -182,7 +182,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
         save_sweep(sweep)
     storage_path = f"{results_dir}/ray" if "://" in results_dir else os.path.join(results_dir, "ray")
     param_space = {**search.search_space(sweep), "sweep": sweep_to_dict(sweep), "storage_path": storage_path,
-                   "rerun_changed": rerun_changed,
+                   "rerun_changed": rerun_changed, "launched_at": _now().isoformat(),
                    "provenance": {"package_versions": package_versions(), "git_rev": git_revision()}}
     trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
     experiment = f"{storage_path}/{sweep.name}"
@@ -202,7 +202,9 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
                 max_concurrent_trials=sweep.resources.max_concurrent_trials, num_samples=search.num_samples(sweep),
                 search_alg=search.search_algorithm(sweep), scheduler=search.scheduler(sweep),
                 trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep)),
+            # Tune restarts a trial whose driver died (its node lost): it resumes from its last checkpoint
             run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
                                       callbacks=[TrialProgress(sweep, n_trials), *callbacks()]),
         )
     if not verbose:  # MLflow's own INFO lines (creating its tables) are no trial events

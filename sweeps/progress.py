@@ -118,6 +118,10 @@ class TrialProgress(Callback):
                   for task in self.sweep.eval.tasks if f"{task}_accuracy" in result]
         self._say("  ".join(parts + [f"sweep ETA {self._eta(time.time())}"]))
 
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.fraction.pop(trial.trial_id, None)
+        self._say(f"retrying {trial} (its driver or node failed: {trial_error(trial)})")
+
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         from sweeps import store
 

@@ -71,6 +71,7 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("package_versions", pa.string()),  # JSON object: package -> version
     pa.field("git_rev", pa.string()),
     pa.field("hostname", pa.string()),
+    pa.field("node_id", pa.string()),  # the Ray node its rank 0 trained on (null in older files and failed rows)
     pa.field("model_path", pa.string()),  # the trained model's Hugging Face folder (train.save_model), else null
 ]
 
