@@ -173,6 +173,9 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     if dashboard or address:
         url = context.dashboard_url
         print(f"Ray dashboard: {f'http://{url}' if url and '://' not in url else url or '(not running)'}", flush=True)
+        if address and not url:  # Ray Train's placement-group cleaner asks the dashboard's State API
+            print("warning: this cluster runs no dashboard: a trial whose driver dies with its node keeps its workers' "
+                  "CPUs/GPUs reserved and its retry waits forever; start the head with the dashboard", flush=True)
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # tracking.callbacks chooses Tune's loggers
     if sweep.search.method == "optuna":  # progress reports carry no objective until the trial's final report
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"

@@ -27,7 +27,8 @@ def cluster(data_dir):
     from ray.cluster_utils import Cluster
 
     os.environ["CALSWEEP_DATA_DIR"] = data_dir  # the nodes' processes (trial drivers, workers) inherit it
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0})
+    # the dashboard as on a real head: Ray Train frees a dead trial's placement group through its State API
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0, "include_dashboard": True})
     workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
     yield cluster, workers
