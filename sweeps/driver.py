@@ -111,6 +111,9 @@ def needs_run(sweep: SweepConfig, trial: TrialConfig, rerun_changed: bool) -> bo
     return True
 
 
+LAUNCHED_AT_ENV = "CALSWEEP_LAUNCHED_AT"  # the launch's start (ISO time), set for every process of its Ray job
+
+
 class TrialFailedError(RuntimeError):
     """The trial failed earlier in this launch, after Ray Train's retries: Tune's retry does not train it again."""
 
@@ -136,7 +139,7 @@ def trial_driver(params: dict[str, Any]) -> None:
 
     sweep = sweep_from_dict(params["sweep"])
     trial = sweep.trial(sweep.point(params))
-    error = failed_this_launch(sweep, trial, params.get("launched_at"))
+    error = failed_this_launch(sweep, trial, os.environ.get(LAUNCHED_AT_ENV))
     if error is not None:
         raise TrialFailedError(error)
     if not needs_run(sweep, trial, params.get("rerun_changed", False)):

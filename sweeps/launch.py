@@ -153,13 +153,14 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     from ray import tune
 
     from sweeps import search, tracking
-    from sweeps.driver import _now, trial_driver
+    from sweeps.driver import LAUNCHED_AT_ENV, _now, trial_driver
     from sweeps.progress import StoreRecorder, TrialProgress
     from common.provenance import git_revision, package_versions
 
     if not verbose:  # Tune's legacy console at verbose=0 prints nothing; its newer one still draws a table
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    quiet = {"log_to_driver": verbose, "logging_level": "warning" if verbose else "error"}
+    quiet = {"log_to_driver": verbose, "logging_level": "warning" if verbose else "error",
+             "runtime_env": {"env_vars": {LAUNCHED_AT_ENV: _now().isoformat()}}}  # every trial driver of this launch
     if address:
         context = ray.init(address=address, **quiet)
     else:
@@ -185,7 +186,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
         save_sweep(sweep)
     storage_path = f"{results_dir}/ray" if "://" in results_dir else os.path.join(results_dir, "ray")
     param_space = {**search.search_space(sweep), "sweep": sweep_to_dict(sweep), "storage_path": storage_path,
-                   "rerun_changed": rerun_changed, "launched_at": _now().isoformat(),
+                   "rerun_changed": rerun_changed,
                    "provenance": {"package_versions": package_versions(), "git_rev": git_revision()}}
     trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
     experiment = f"{storage_path}/{sweep.name}"
@@ -254,6 +255,7 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
             run_config=tune.RunConfig(name=f"{sweep.name}-alone-{row['trial_id']}",
                                       storage_path=param_space["storage_path"], verbose=0,
                                       callbacks=[TrialProgress(alone, 1), *callbacks()]))
+        store.remove_trial(sweep.results_dir, sweep.name, row["trial_id"])  # else its driver takes it as this launch's
         tuner.fit()
 
 
