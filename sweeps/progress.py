@@ -173,6 +173,20 @@ class StoreRecorder(Callback):
         self._record(trial, "failed", trial_error(trial))
 
 
+def settle_stopped(results_dir: str, run_name: str, errored: dict[str, bool]) -> list[str]:
+    """Store as 'stopped' each trial Tune ended without an error (``errored``: trial id -> whether Tune's trial
+    errored) whose row says 'failed': the scheduler stopped it and its driver, torn down with its workers, stored
+    that after ``StoreRecorder`` had looked. Returns the trial ids changed."""
+    from sweeps import store
+
+    changed = []
+    for row in store.read_trials(results_dir, run_name).to_pylist():
+        if row["status"] == "failed" and errored.get(row["trial_id"]) is False:
+            store.write_trial(results_dir, {**row, "status": "stopped", "error": "stopped early by the scheduler"})
+            changed.append(row["trial_id"])
+    return changed
+
+
 def _losses(result: dict[str, Any]) -> str:
     """'2.5000' (the label-smoothed loss), with '(plain 1.9000)' beside it when the trial reports it."""
     text = f"{result.get('train_loss', float('nan')):.4f}"

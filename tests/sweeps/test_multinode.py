@@ -5,6 +5,7 @@ a worker node killed hard mid-trial costs the trial its node, not its row: it re
 the surviving node, and the store ends with one ok row per trial and no half-written file."""
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +29,11 @@ def cluster(data_dir):
 
     os.environ["CALSWEEP_DATA_DIR"] = data_dir  # the nodes' processes (trial drivers, workers) inherit it
     # the dashboard as on a real head: Ray Train frees a dead trial's placement group through its State API
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0, "include_dashboard": True})
+    with socket.socket() as probe:  # a free port: 8265 may be another Ray instance's on this machine
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": 0, "include_dashboard": True, "dashboard_port": port})
     workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
     yield cluster, workers

@@ -108,3 +108,14 @@ def test_a_row_the_store_refuses_is_one_line_and_the_sweep_goes_on(tmp_path, cap
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"[calsweep] {trial_id}: its failed row could not be written")
     assert lines[0].endswith("`--resume tiny` runs it again")
+
+
+def test_a_trial_tune_stopped_whose_driver_stored_failed_ends_stopped(tmp_path):
+    from sweeps.progress import settle_stopped
+
+    rows = {"a": "failed", "b": "failed", "c": "ok"}
+    for trial_id, status in rows.items():
+        store.write_trial(str(tmp_path), {"run_name": "r", "trial_id": trial_id, "status": status,
+                                          "error": "ActorDiedError: its placement group was removed"})
+    assert settle_stopped(str(tmp_path), "r", {"a": False, "b": True, "c": False}) == ["a"]
+    assert store.trial_statuses(str(tmp_path), "r") == {"a": "stopped", "b": "failed", "c": "ok"}
