@@ -138,6 +138,15 @@ def save_sweep(sweep: SweepConfig) -> str:
     return path
 
 
+def _free_port() -> int:
+    """A TCP port free on this host now (for the local Ray's dashboard)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _trial_name(sweep: SweepConfig):
     return lambda t: sweep.trial(sweep.point(t.config)).trial_id
 
@@ -164,7 +173,9 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     if address:
         context = ray.init(address=address, **quiet)
     else:
-        context = ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
+        # always with the dashboard, on a free port: Ray Train frees the workers' resources of a trial Tune stopped or
+        # lost through its State API; without it (8265 taken by another Ray) a long ASHA search stalls on leaked CPUs
+        context = ray.init(include_dashboard=True, dashboard_port=_free_port(), configure_logging=True, **quiet)
     if not verbose:  # a failed trial is one FAILED line, not Tune's traceback; no Optuna INFO line ('study created')
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
         if sweep.search.method == "optuna":
