@@ -151,6 +151,10 @@ def _layout(args, row: dict, model, device):
 
     shape = ModelShape.from_config(model.config, sum(p.numel() for p in model.parameters()))
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
+    if args.gpu_memory_gib:  # plan for, and cap PyTorch at, a smaller GPU's memory (an H100's on an H200)
+        if device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(args.gpu_memory_gib * 2**30 / memory, device)
+        memory = args.gpu_memory_gib * 2**30
     if row["zero"] == "auto":
         return shape, plan_layout(shape, args.seq_len, row["batch"] * row["gpus"], row["batch"], memory,
                                   workers=row["gpus"])
@@ -172,6 +176,7 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     from trainable.compiled import compile_wanted, compiled_decoder_layers
     from trainable.config import TrainConfig
     from trainable.deepspeed_setup import build_engine
+    from trainable.layout import with_layout
     from trainable.lm_head import CausalLMWithFusedLoss
     from trainable.recompute import recomputed_layers
     from trainable.step_accounting import global_mean_loss, optimizer_step
@@ -185,9 +190,8 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     ds = json.loads(args.ds) if args.ds else {}
     if impl == "calsweep_engine_compile":
         ds = {**ds, "compile": {"deepcompile": True}}
-    train = TrainConfig(max_steps=args.warmup + args.steps, micro_batch_size=layout.micro_batch_size,
-                        gradient_accumulation_steps=layout.gradient_accumulation_steps, precision="auto",
-                        zero_stage=layout.zero_stage, warmup_ratio=0.0, compile=impl == "calsweep", deepspeed=ds)
+    train = with_layout(TrainConfig(max_steps=args.warmup + args.steps, precision="auto", warmup_ratio=0.0,
+                                    compile=impl == "calsweep", deepspeed=ds), layout, shape)
     engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world)
     if impl == "calsweep_engine_compile":  # DeepSpeed's own torch.compile of the whole module (ZeRO-3 aware hooks)
         engine.compile()
@@ -220,6 +224,7 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
         result.update(zero_stage=layout.zero_stage, micro_batch=layout.micro_batch_size,
                       accumulation=layout.gradient_accumulation_steps, recomputed_layers=int(layout.checkpointed),
                       layers=shape.layers, predicted_peak_gib=layout.peak_gib, warmup_step_s=first_steps,
+                      wide_buckets=layout.wide_buckets, deepspeed_overrides=ds,
                       **_dynamo_counts())
         if args.profile and rank == 0:
             _profile(step, args.profile, args.trace)
@@ -357,7 +362,8 @@ def _launch(args, row: dict, impl: str, part: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={row['gpus']}",
                __file__, "--worker", "--impl", impl, "--row", row_name(row), "--out", str(part)] + \
         [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-         if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute")
+         if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute",
+                                  "gpu_memory_gib")
          and v]
     completed = subprocess.run(command, text=True)
     if completed.returncode == 0 and part.exists():
@@ -397,7 +403,8 @@ def table(results: list[dict]) -> str:
 def _layout_text(r: dict) -> str:
     """'ZeRO-3 1x2 recompute 8/32 graphs 1 breaks 0': a calsweep result's layout and Dynamo counts."""
     recompute = f" recompute {r['recomputed_layers']}/{r['layers']}" if r["recomputed_layers"] else ""
-    return (f"ZeRO-{r['zero_stage']} {r['micro_batch']}x{r['accumulation']}{recompute} graphs {r['graphs']} "
+    buckets = "" if r.get("wide_buckets", True) else " layer buckets"
+    return (f"ZeRO-{r['zero_stage']} {r['micro_batch']}x{r['accumulation']}{recompute}{buckets} graphs {r['graphs']} "
             f"breaks {r['graph_breaks']} recompiles {r['recompiles']}")
 
 
@@ -413,6 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", default=os.environ.get("CALSWEEP_DATA_DIR"),
                         help="alpaca rows: data root holding alpaca/ (default $CALSWEEP_DATA_DIR, else the hub)")
     parser.add_argument("--ds", default=None, help="JSON merged into calsweep's DeepSpeed config")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None,
+                        help="plan auto rows for GPUs of this memory and cap PyTorch's allocator there (79.6: H100)")
     parser.add_argument("--recompute", type=int, default=0,
                         help="calsweep rows with a stage: recompute the first K decoder layers in the backward")
     parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps on rank 0")

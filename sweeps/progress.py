@@ -58,6 +58,14 @@ class TrialProgress(Callback):
         self.last_print: dict[str, float] = {}
         self.durations: list[float] = []
         self.resumed: dict[str, int] = {}
+        self.caught_up = False
+
+    def _catch_up(self, trials: list) -> None:
+        """Count, once per launch, the trials a restored experiment (``--resume``) finished before it: Tune reports
+        no event of theirs, and the counter would stop short of the total."""
+        if not self.caught_up:
+            self.caught_up = True
+            self.finished += sum(t.status in ("TERMINATED", "ERROR") for t in trials if t.trial_id not in self.started)
 
     def _say(self, text: str) -> None:
         print(f"[calsweep {self.finished}/{self.total}] {text}", flush=True)
@@ -73,6 +81,7 @@ class TrialProgress(Callback):
         return time.time() - self.started.get(trial.trial_id, time.time())
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._catch_up(trials)
         now = time.time()
         self.started[trial.trial_id] = now
         self.fraction[trial.trial_id] = None
@@ -108,6 +117,10 @@ class TrialProgress(Callback):
         parts += [f"{task} acc {result[f'{task}_accuracy']:.3f} ece {result[f'{task}_ece']:.3f}"
                   for task in self.sweep.eval.tasks if f"{task}_accuracy" in result]
         self._say("  ".join(parts + [f"sweep ETA {self._eta(time.time())}"]))
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.fraction.pop(trial.trial_id, None)
+        self._say(f"retrying {trial} (its driver or node failed: {trial_error(trial)})")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         from sweeps import store
@@ -147,13 +160,31 @@ class StoreRecorder(Callback):
             return
         row = trial_row(self.sweep, config, dict(trial.last_result or {}), status, error,
                         self.started.get(trial.trial_id, _now()), config["provenance"])
-        store.write_trial(self.sweep.results_dir, row)
+        try:
+            store.write_trial(self.sweep.results_dir, row)
+        except OSError as exc:  # the store (full, unwritable, gone): this trial's line, the sweep goes on
+            print(f"[calsweep] {trial_id}: its {status} row could not be written to the store "
+                  f"({' '.join(str(exc).split())[:300]}); `--resume {self.sweep.name}` runs it again", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record(trial, "stopped", "stopped early by the scheduler", replaces=("failed",))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record(trial, "failed", trial_error(trial))
+
+
+def settle_stopped(results_dir: str, run_name: str, errored: dict[str, bool]) -> list[str]:
+    """Store as 'stopped' each trial Tune ended without an error (``errored``: trial id -> whether Tune's trial
+    errored) whose row says 'failed': the scheduler stopped it and its driver, torn down with its workers, stored
+    that after ``StoreRecorder`` had looked. Returns the trial ids changed."""
+    from sweeps import store
+
+    changed = []
+    for row in store.read_trials(results_dir, run_name).to_pylist():
+        if row["status"] == "failed" and errored.get(row["trial_id"]) is False:
+            store.write_trial(results_dir, {**row, "status": "stopped", "error": "stopped early by the scheduler"})
+            changed.append(row["trial_id"])
+    return changed
 
 
 def _losses(result: dict[str, Any]) -> str:

@@ -71,6 +71,7 @@ _TRIAL_FIELDS: list[pa.Field] = [
     pa.field("package_versions", pa.string()),  # JSON object: package -> version
     pa.field("git_rev", pa.string()),
     pa.field("hostname", pa.string()),
+    pa.field("node_id", pa.string()),  # the Ray node its rank 0 trained on (null in older files and failed rows)
     pa.field("model_path", pa.string()),  # the trained model's Hugging Face folder (train.save_model), else null
 ]
 
@@ -167,6 +168,10 @@ def write_questions(root: str, run_name: str, trial_id: str, records: pa.Table) 
     return _atomic_write(table, root, "questions", file_stem(run_name, trial_id))
 
 
+class DamagedFileError(ValueError):
+    """A file of the store cannot be read as Parquet (e.g. a disk or copy damaged it); the message names it."""
+
+
 def _read(root: str, table_name: str, schema: pa.Schema, run_name: str | None) -> pa.Table:
     fs, base = filesystem(root)
     directory = f"{base}/{table_name}"
@@ -174,8 +179,23 @@ def _read(root: str, table_name: str, schema: pa.Schema, run_name: str | None) -
         return schema.empty_table()
     dataset = ds.dataset(directory, format="parquet", filesystem=fs, schema=schema,
                          ignore_prefixes=[".", "_"])
-    table = dataset.to_table(filter=(ds.field("run_name") == run_name) if run_name else None)
-    return table
+    try:
+        return dataset.to_table(filter=(ds.field("run_name") == run_name) if run_name else None)
+    except (OSError, pa.ArrowException) as exc:
+        raise _damaged(dataset, fs, exc) from None
+
+
+def _damaged(dataset: ds.FileSystemDataset, fs: pafs.FileSystem, exc: BaseException) -> BaseException:
+    """The ``DamagedFileError`` naming the first of ``dataset``'s files that does not read on its own, else ``exc``
+    (the failure was not one file's)."""
+    for path in dataset.files:
+        try:
+            pq.read_table(path, filesystem=fs)
+        except (OSError, pa.ArrowException) as error:
+            return DamagedFileError(f"{path}: damaged Parquet file, it cannot be read "
+                                    f"({' '.join(str(error).split())[:200]}); expected a whole file: move it out "
+                                    f"of the store (`--resume` re-runs its trial) or restore it from a copy")
+    return exc
 
 
 def read_trials(root: str, run_name: str | None = None) -> pa.Table:

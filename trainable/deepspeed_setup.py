@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from trainable.config import TrainConfig
+from trainable.layout import zero_buckets
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -28,24 +29,6 @@ def resolved_stage(train: TrainConfig, world_size: int) -> int:
     if train.zero_stage != "auto":
         return int(train.zero_stage)
     return 0 if world_size == 1 else 2
-
-
-def zero_buckets(stage: int, layer_params: int) -> dict[str, Any]:
-    """ZeRO's buckets sized to one decoder layer of ``layer_params`` parameters.
-
-    ZeRO-2 reduces a layer's gradients in one bucket. ZeRO-3 gathers each decoder layer whole (it is a leaf
-    module: ``build_engine``), prefetches the next one (prefetch bucket = one layer), keeps at most three layers
-    live, reduces a layer's gradients at once, and keeps parameters under 10^5 elements (norms) whole on every
-    rank, communication overlapped with compute.
-    """
-    if stage == 2:
-        return {"reduce_bucket_size": layer_params, "allgather_bucket_size": layer_params, "overlap_comm": True,
-                "contiguous_gradients": True}
-    if stage == 3:
-        return {"reduce_bucket_size": layer_params, "stage3_prefetch_bucket_size": layer_params,
-                "stage3_max_live_parameters": 3 * layer_params, "stage3_max_reuse_distance": 3 * layer_params,
-                "stage3_param_persistence_threshold": 100_000, "overlap_comm": True, "contiguous_gradients": True}
-    return {}
 
 
 def deepspeed_config(train: TrainConfig, precision: str, world_size: int,

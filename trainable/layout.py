@@ -14,8 +14,10 @@ Memory model, bytes per GPU for P parameters, N ranks, bf16 weights with fp32 ma
 gradients of every parameter and partitions the fp32 state like ZeRO-1):
     stage 0:  2P + 4P + 12P/N         (bf16 weights, fp32 gradients, fp32 master weights + AdamW moments)
     stage 1:  2P + 2P + 16P/N         (bf16 gradients of every parameter, reduced into fp32 partitions)
-    stage 2:  2P + 16P/N + two layer-sized bf16 buckets
-    stage 3:  18P/N + three live layers and the head, gathered in bf16
+    stage 2:  2P + 16P/N + two bf16 reduce buckets
+    stage 3:  18P/N + the live parameters, the reduce bucket and the head (gathered), all in bf16
+and across GPUs 1.5 GiB of NCCL's and ZeRO's communication buffers (fitted: the 2-GPU peaks of the 1B shape sit
+1.5-1.8 GiB above the model without them),
 plus the activations: per token and decoder layer ``ACTIVATION_BYTES`` (bf16, compiled layers, SDPA) for the
 layers that are not checkpointed, 2 h for those that are, one layer's worth during its recompute, and the fused
 loss's workspace (its float32 hidden-state gradient, the bf16 hidden states, and its 136 MiB chunk).
@@ -31,15 +33,18 @@ from typing import Any, Iterable
 
 GIB = 2**30
 PEAK_BF16_FLOPS = 989e12  # H100 / H200 SXM dense bf16: the MFU denominator
+NCCL_BUFFER_BYTES = 1.5 * GIB  # communication buffers of a multi-GPU trial (module docstring)
 CUDA_CONTEXT_BYTES = 1.0 * GIB  # CUDA context, NCCL and cuBLAS workspaces outside PyTorch's allocator
 ALLOCATOR_SLACK = 0.06  # fragmentation of the caching allocator: reserved memory over the peak allocated
 LOSS_CHUNK_BYTES = 136 * 2**20  # kernels/backward.py: the dedicated dZ chunk at most
 # Per token and decoder layer, bytes saved for the backward with compiled layers in bf16: c_h h + c_kv (kv width)
 # + c_i I; fitted to the 1B shape's peaks at micro-batch 2 and 4 on an H200 (1.6 GiB per 2048-token sequence).
 ACTIVATION_BYTES = {"hidden": 10, "kv": 4, "intermediate": 3.5}
-# MFU of the trial loop per layout, measured (docs/results.md): (stage, gpus > 1) -> MFU.
-RECORDED_MFU = {(0, False): 0.40, (0, True): 0.40, (1, True): 0.43, (2, True): 0.43, (3, False): 0.34,
-                (3, True): 0.34}
+# MFU of the trial loop (compiled layers) per layout, measured on H200s (docs/results.md): (stage, GPUs > 1) -> MFU.
+# ZeRO-0: 1B on one GPU 41.0%; ZeRO-2: 1B 45.3%, 8B 45.3% on two; ZeRO-3: 1B 34.5%, 8B 40.1% on two (their mean),
+# 37.5% on one. ZeRO-1 is not measured: ZeRO-2's.
+RECORDED_MFU = {(0, False): 0.41, (0, True): 0.41, (1, True): 0.45, (2, True): 0.45, (3, False): 0.375,
+                (3, True): 0.37}
 STAGES = (0, 1, 2, 3)
 
 
@@ -92,6 +97,7 @@ class Layout:
     checkpointed: int | bool  # decoder layers recomputed (the first k); True: all of them
     peak_bytes: float  # predicted, per GPU (PyTorch's allocator, without the CUDA context)
     cost: float  # GPU-seconds per token relative units: workers / (MFU x recompute factor)
+    wide_buckets: bool = True  # ZeRO-3: ``zero_buckets``' wide buckets (else layer-sized, where memory is tight)
 
     @property
     def peak_gib(self) -> float:
@@ -106,16 +112,45 @@ class Layout:
         return f"{gpus}, ZeRO-{self.zero_stage}, {batch}{ac}"
 
 
-def state_bytes(shape: ModelShape, stage: int, workers: int) -> float:
-    """Weights, gradients, optimizer states and ZeRO's working set per GPU (module docstring)."""
-    p, n, layer = shape.params, workers, shape.layer_params
-    if stage == 0:
-        return 2 * p + 4 * p + 12 * p / n
-    if stage == 1:
-        return 2 * p + 2 * p + 16 * p / n
+def zero_buckets(stage: int, layer_params: int, wide: bool = True) -> dict[str, Any]:
+    """ZeRO's buckets (elements) for decoder layers of ``layer_params`` parameters; ``deepspeed_setup`` applies them.
+
+    ZeRO-2 reduces (and gathers) a layer's gradients (parameters) per bucket. ZeRO-3 gathers each decoder layer
+    whole (a leaf module), prefetches two layers ahead, keeps up to max(7 layers, 1e9) parameters live, reduces
+    gradients in 5e8-element buckets and keeps parameters under 1e6 elements (norms) whole on every rank,
+    communication overlapped with compute. Measured on 2 H200s (docs/results.md): the 8B shape's ZeRO-3 at 7,715
+    tokens/s per GPU against 7,397 with layer-sized buckets, the 1B shape's at 41,475 against 38,256. Not ``wide``
+    (where memory is tight): one layer prefetched, three live, layer-sized reduce buckets, norms whole.
+    """
     if stage == 2:
-        return 2 * p + 16 * p / n + 2 * 2 * layer
-    return 2 * p / n + 16 * p / n + 2 * (3 * layer + shape.vocab * shape.hidden)
+        return {"reduce_bucket_size": layer_params, "allgather_bucket_size": layer_params, "overlap_comm": True,
+                "contiguous_gradients": True}
+    if stage == 3 and not wide:
+        return {"reduce_bucket_size": layer_params, "stage3_prefetch_bucket_size": layer_params,
+                "stage3_max_live_parameters": 3 * layer_params, "stage3_param_persistence_threshold": 100_000,
+                "overlap_comm": True, "contiguous_gradients": True}
+    if stage == 3:
+        return {"reduce_bucket_size": int(5e8), "stage3_prefetch_bucket_size": 2 * layer_params,
+                "stage3_max_live_parameters": max(7 * layer_params, int(1e9)),
+                "stage3_param_persistence_threshold": int(1e6), "overlap_comm": True, "contiguous_gradients": True}
+    return {}
+
+
+def state_bytes(shape: ModelShape, stage: int, workers: int, zero: dict[str, Any] | None = None) -> float:
+    """Weights, gradients, optimizer states and ZeRO's buffers per GPU (module docstring); ``zero`` the
+    ``zero_optimization`` settings in force (default ``zero_buckets``)."""
+    p, n = shape.params, workers
+    zero = zero_buckets(stage, shape.layer_params) if zero is None else zero
+    comm = NCCL_BUFFER_BYTES if n > 1 else 0.0
+    if stage == 0:
+        return 2 * p + 4 * p + 12 * p / n + comm
+    if stage == 1:
+        return 2 * p + 2 * p + 16 * p / n + comm
+    if stage == 2:
+        return 2 * p + 16 * p / n + 2 * 2 * zero.get("reduce_bucket_size", 5e8) + comm
+    live = zero.get("stage3_max_live_parameters", 1e9)
+    return 2 * p / n + 16 * p / n + 2 * live + 2 * zero.get("reduce_bucket_size", 5e8) \
+        + 2 * shape.vocab * shape.hidden + comm
 
 
 def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool) -> float:
@@ -130,9 +165,9 @@ def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool) -
 
 
 def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
-               checkpointed: int | bool = 0) -> float:
+               checkpointed: int | bool = 0, zero: dict[str, Any] | None = None) -> float:
     """Predicted peak of PyTorch's allocator per GPU: the states plus the backward's activations."""
-    return state_bytes(shape, stage, workers) + activation_bytes(shape, micro_batch * seq_len, checkpointed)
+    return state_bytes(shape, stage, workers, zero) + activation_bytes(shape, micro_batch * seq_len, checkpointed)
 
 
 def budget_bytes(gpu_memory_bytes: float) -> float:
@@ -148,8 +183,9 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                gpu_memory_bytes: float, workers: Iterable[int], stages: tuple[int, ...],
                checkpointing: bool | int | None) -> list[Layout]:
     """Every layout that fits: per (GPUs, stage, micro-batch up to ``micro_batch`` dividing the GPU's share of the
-    step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none, True for
-    all, or a count). A micro-batch below the config's costs 3% (smaller products, more steps of the loop)."""
+    step, ZeRO-3's wide or layer-sized buckets) the fewest checkpointed layers that fit (``checkpointing``: None to
+    choose, False for none, True for all, or a count). A micro-batch below the config's costs 3% (smaller
+    products, more steps of the loop), layer-sized ZeRO-3 buckets 4% (measured: 7,397 against 7,715 tokens/s)."""
     budget, fitting = budget_bytes(gpu_memory_bytes), []
     for n in workers:
         if sequences_per_step % n:
@@ -159,14 +195,18 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
             if len(stages) > 1 and (stage > 0) != (n > 1) or len(stages) > 1 and stage == 1:
                 continue  # choosing: ZeRO-0 on one GPU (nothing to partition), ZeRO-2 or 3 across GPUs
             mfu = RECORDED_MFU.get((stage, n > 1), RECORDED_MFU[(2, True)])
-            for micro in (d for d in _divisors(share) if d <= micro_batch):
+            for micro, wide in ((d, w) for d in _divisors(share) if d <= micro_batch for w in (True, False)):
+                if not wide and stage != 3:
+                    continue
+                zero = zero_buckets(stage, shape.layer_params, wide)
                 layers = _checkpoint_choices(shape.layers, checkpointing)
-                k = next((k for k in layers if peak_bytes(shape, stage, n, micro, seq_len, k) <= budget), None)
+                k = next((k for k in layers if peak_bytes(shape, stage, n, micro, seq_len, k, zero) <= budget), None)
                 if k is None:
                     continue
-                cost = n / (mfu / (1 + k / (3 * shape.layers))) * (1.03 if micro < micro_batch else 1.0)
+                slower = (1.03 if micro < micro_batch else 1.0) * (1.0 if wide else 1.04)
+                cost = n / (mfu / (1 + k / (3 * shape.layers))) * slower
                 fitting.append(Layout(n, stage, micro, share // micro, k,
-                                      peak_bytes(shape, stage, n, micro, seq_len, k), cost))
+                                      peak_bytes(shape, stage, n, micro, seq_len, k, zero), cost, wide))
     return fitting
 
 
@@ -202,11 +242,16 @@ def gpu_hours(shape: ModelShape, layout: Layout, tokens: float, seq_len: int) ->
     return tokens * shape.flops_per_token(seq_len) * recompute / (mfu * PEAK_BF16_FLOPS) / 3600
 
 
-def with_layout(train: Any, layout: Layout) -> Any:
-    """A ``TrainConfig`` with the layout's stage, micro-batch, accumulation and checkpointed layers."""
+def with_layout(train: Any, layout: Layout, shape: ModelShape | None = None) -> Any:
+    """A ``TrainConfig`` with the layout's stage, micro-batch, accumulation and checkpointed layers; layer-sized
+    ZeRO-3 buckets go under ``train.deepspeed`` (its own entries still win)."""
+    deepspeed = train.deepspeed
+    if not layout.wide_buckets and shape is not None:
+        ours = zero_buckets(layout.zero_stage, shape.layer_params, wide=False)
+        deepspeed = {**deepspeed, "zero_optimization": {**ours, **deepspeed.get("zero_optimization", {})}}
     return dataclasses.replace(train, zero_stage=layout.zero_stage, micro_batch_size=layout.micro_batch_size,
                                gradient_accumulation_steps=layout.gradient_accumulation_steps,
-                               activation_checkpointing=layout.checkpointed)
+                               activation_checkpointing=layout.checkpointed, deepspeed=deepspeed)
 
 
 def model_shape(spec: Any) -> ModelShape | None:

@@ -110,7 +110,7 @@ class CausalLMWithFusedLoss(nn.Module):
                                             loss_impl=self.loss_impl, filter=self.loss_filter,
                                             reduction="mean" if loss_divisor is None else "sum")
         self.last_confidence = confidence.detach()
-        if self.training:
+        if self.model.training:  # not validation, nor the attention check's probes (they put the inner model in eval)
             scaled = plain if loss_divisor is None else plain / loss_divisor
             self.plain_loss = scaled if self.plain_loss is None else self.plain_loss + scaled
         return loss if loss_divisor is None else loss / loss_divisor

@@ -65,3 +65,10 @@ def prepare_node(root: Path, device: torch.device) -> Path:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         skip_deepspeed_shm_op()
     return directory
+
+
+def ray_node_id() -> str | None:
+    """The Ray node this process runs on (hex id), or None outside Ray (a trial run as a plain function)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None

@@ -34,7 +34,7 @@ from trainable.config import TrialConfig
 from trainable.fault_injection import die_if_due, oom_if_due
 from trainable.lm_head import CausalLMWithFusedLoss
 from common.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
-from trainable.node_setup import compile_cache_counts, prepare_node
+from trainable.node_setup import compile_cache_counts, prepare_node, ray_node_id
 from trainable.recompute import checkpointed_count, recomputed_layers
 from trainable.packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
@@ -273,6 +273,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         "model_source": spec.source, "model_location": spec.location,
         "wall_load_s": load_s, "wall_train_s": train_s, "wall_eval_s": eval_s,
         "wall_total_s": time.time() - started, "model_path": model_path, **compile_cache_counts(), **floor,
+        "node_id": ray_node_id(),
     }
     final.update(flat_metrics(summary))
     if report_checkpoint is None:

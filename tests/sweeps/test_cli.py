@@ -42,7 +42,8 @@ def test_launch_dry_run_lists_the_trials_and_a_bad_value_exits_2(data_dir, tmp_p
     args = ["launch", "--config", str(TINY), "--dry-run", "--data-dir", data_dir, "--results-dir", str(tmp_path)]
     out = _calsweep(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert len(out.stdout.split()) == 2 and all(line.startswith("tiny-llama_lr0.001_") for line in out.stdout.split())
+    ids = out.stdout.split("\nLayouts on ")[0].split()
+    assert len(ids) == 2 and all(line.startswith("tiny-llama_lr0.001_") for line in ids)
     bad = _calsweep(*args, "train.precision=int8", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "train.precision: expected one of" in bad.stderr
 

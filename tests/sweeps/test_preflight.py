@@ -101,7 +101,7 @@ def test_dry_run_reports_preflight_problems_in_one_line_each(data_dir, tmp_path,
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and lines[0].startswith("calsweep: error: sft.max_seq_len: 12") and "is a file" in lines[1]
     assert launch.main(["seeds=[0, 1]", *args, "--results-dir", str(tmp_path / "results")]) == 0  # any order
-    listed = capsys.readouterr().out.split()
+    listed = capsys.readouterr().out.split("\nLayouts on ")[0].split()
     assert len(listed) == 4 and len({line.split("_s")[-1] for line in listed}) == 4
 
 
@@ -150,3 +150,34 @@ def test_a_model_folder_without_a_tokenizer_is_named_once(data_dir, tmp_path, ti
     config.update(families=["tiny-llama"])
     problems = preflight(sweep_from_dict(config)).problems  # the tokenizer's family is named, not twice
     assert len(problems) == 1 and "'calsweep-test/no-such-tokenizer' is no registry family" in problems[0]
+
+
+def test_a_tokenizer_only_folder_is_checked_as_a_tokenizer(data_dir, tmp_path):
+    from common.models import load_tokenizer, resolve_model
+
+    folder = tmp_path / "tokenizer"
+    load_tokenizer(resolve_model("smollm2-135m")).save_pretrained(folder)  # tokenizer files, no config.json
+    assert not (folder / "config.json").exists()
+    config = _tiny(data_dir, tmp_path / "results")
+    config["custom_models"]["tiny-llama"]["tokenizer"] = str(folder)
+    assert preflight(sweep_from_dict(config)).problems == []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config["custom_models"]["tiny-llama"]["tokenizer"] = str(empty)
+    problems = preflight(sweep_from_dict(config)).problems
+    assert len(problems) == 1 and problems[0].startswith(f"custom_models.tiny-llama.tokenizer: {str(empty)!r} does "
+                                                         f"not load as a tokenizer (")
+
+
+@pytest.mark.parametrize("change,expected", [
+    ({"architecture": "nosucharch"}, "custom_models.tiny-llama.architecture: 'nosucharch' is no transformers model "
+                                     "type; expected one such as 'llama'"),
+    ({"config": {"hidden_size": -64}}, "custom_models.tiny-llama.config: builds no llama causal LM (Trying to "
+                                       "create tensor with negative dimension -64"),
+    ({"config": {"hidden_size": "abc"}}, "custom_models.tiny-llama.config: builds no llama causal LM (")])
+def test_a_custom_models_config_is_built_at_preflight(data_dir, tmp_path, change, expected):
+    config = _tiny(data_dir, tmp_path / "results")
+    model = config["custom_models"]["tiny-llama"]
+    model.update({**change, "config": {**model["config"], **change.get("config", {})}})
+    problems = preflight(sweep_from_dict(config)).problems
+    assert len(problems) == 1 and problems[0].startswith(expected), problems

@@ -78,3 +78,44 @@ def test_store_recorder_keeps_ok_and_errors_but_a_stopped_trial_is_stopped(tmp_p
     assert [rows[i]["status"] for i in ids] == ["ok", "stopped", "failed"]
     assert rows[ids[1]]["error"] == "stopped early by the scheduler" and rows[ids[1]]["git_rev"] == "abc"
     assert rows[ids[2]]["error"] == "ActorDiedError: the actor died"
+
+
+def test_a_resumed_sweep_counts_the_trials_it_finished_before(tmp_path, capsys):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path), "label_smoothing": [0.0, 0.1, 0.2]})
+    trials = [Trial("trainable", config=point._asdict(), stub=True) for point in sweep.trial_points()]
+    trials[0].set_status(Trial.TERMINATED)  # finished before the launcher was killed; restored as such
+    progress = TrialProgress(sweep, total=3, every_s=3600.0)
+    for trial in trials[1:]:
+        progress.on_trial_start(0, trials, trial)
+    for trial in trials[1:]:
+        trial.update_last_result({"phase": "done", "train_steps": 2, "train_loss": 2.0})
+        progress.on_trial_complete(0, trials, trial)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[calsweep 1/3] start") and lines[-1].startswith("[calsweep 3/3] done")
+
+
+def test_a_row_the_store_refuses_is_one_line_and_the_sweep_goes_on(tmp_path, capsys):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    trial = Trial("trainable", config={**sweep.trial_points()[0]._asdict(), "provenance": {"git_rev": "abc"}},
+                  stub=True)
+    trial_id = sweep.trial(sweep.point(trial.config)).trial_id
+    blocker = tmp_path / "trials" / f"{store.file_stem(sweep.name, trial_id)}.parquet"
+    blocker.mkdir(parents=True)  # the row's place taken by a folder: its write fails (a chmod would not stop root)
+    (blocker / ".keep").write_text("")
+    recorder = StoreRecorder(sweep)
+    recorder.on_trial_start(0, [trial], trial)
+    recorder.on_trial_error(0, [trial], trial)  # no exception: Tune's loop, and the sweep, go on
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"[calsweep] {trial_id}: its failed row could not be written")
+    assert lines[0].endswith("`--resume tiny` runs it again")
+
+
+def test_a_trial_tune_stopped_whose_driver_stored_failed_ends_stopped(tmp_path):
+    from sweeps.progress import settle_stopped
+
+    rows = {"a": "failed", "b": "failed", "c": "ok"}
+    for trial_id, status in rows.items():
+        store.write_trial(str(tmp_path), {"run_name": "r", "trial_id": trial_id, "status": status,
+                                          "error": "ActorDiedError: its placement group was removed"})
+    assert settle_stopped(str(tmp_path), "r", {"a": False, "b": True, "c": False}) == ["a"]
+    assert store.trial_statuses(str(tmp_path), "r") == {"a": "stopped", "b": "failed", "c": "ok"}

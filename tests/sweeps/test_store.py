@@ -101,3 +101,52 @@ def test_a_saved_model_folder_is_moved_in_whole_replaced_and_removed_with_its_tr
     assert [p.name for p in (tmp_path / "results" / "models").iterdir()] == ["run__t1"]  # no temporary left
     store.remove_trial(root, "run", "t1")
     assert not Path(path).exists()
+
+
+def _damage_pages(path: Path) -> None:
+    """Flip the middle third of a Parquet file's column data, leaving its footer whole (a bad disk or copy)."""
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    chunks = [group.column(i) for i in range(group.num_columns)]
+    first = min(c.data_page_offset for c in chunks)
+    last = max(c.data_page_offset + c.total_compressed_size for c in chunks)
+    data = bytearray(path.read_bytes())
+    for i in range(first + (last - first) // 3, first + 2 * (last - first) // 3):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_file_is_named_by_the_store_analyze_and_rescore(tmp_path, capsys):
+    from calibration import rescore
+    from sweeps import analyze
+
+    for trial_id in "abc":
+        store.write_trial(str(tmp_path), _row(trial_id))
+        store.write_questions(str(tmp_path), "r", trial_id, _records(50))
+    trials, questions = tmp_path / "trials" / "r__b.parquet", tmp_path / "questions" / "r__b.parquet"
+    _damage_pages(trials)
+    _damage_pages(questions)
+    with pytest.raises(store.DamagedFileError, match=f"^{trials}: damaged Parquet file, it cannot be read"):
+        store.read_trials(str(tmp_path))
+    with pytest.raises(store.DamagedFileError, match=f"^{questions}: damaged Parquet file"):
+        store.read_questions(str(tmp_path), "r")
+    with pytest.raises(SystemExit) as stopped:
+        analyze.main([str(tmp_path), "--n-boot", "10"])
+    with pytest.raises(SystemExit):
+        rescore.main([str(questions)])
+    errors = capsys.readouterr().err.splitlines()
+    assert stopped.value.code == 2 and len(errors) == 2
+    assert errors[0].startswith(f"calsweep: error: {trials}: damaged Parquet file")
+    assert f"{str(questions)!r}: damaged Parquet file, its data cannot be read" in errors[1]
+
+
+def test_preflight_names_a_damaged_trial_file(tmp_path, data_dir):
+    from sweeps.config import load_sweep
+    from sweeps.preflight import preflight
+
+    sweep = load_sweep(Path(__file__).with_name("tiny_sweep.yaml"), {"results_dir": str(tmp_path),
+                                                                     "data_dir": data_dir})
+    store.write_trial(str(tmp_path), {**_row("a"), "run_name": sweep.name})
+    _damage_pages(tmp_path / "trials" / "tiny__a.parquet")
+    problems = preflight(sweep).problems
+    assert problems == [problem for problem in problems if problem.startswith(
+        f"results store: {tmp_path / 'trials' / 'tiny__a.parquet'}: damaged Parquet file")] and len(problems) == 1

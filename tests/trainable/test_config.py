@@ -1,7 +1,6 @@
 """Sweep YAML validation: every bad entry is named, all at once; the CLI turns them into one line, exit 2."""
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,19 +158,23 @@ def test_cli_reports_a_missing_data_dir_in_one_line(tmp_path):
 
 
 def _trial_ids(stdout: str) -> list[str]:
-    """The trial ids a dry run lists, one a line (the layout table after them is not counted)."""
-    return [line for line in stdout.splitlines() if re.fullmatch(r"\S+_lr\S+_ls\S+_s\d+_[0-9a-f]{6}", line)]
+    """The trial ids a dry run lists, before its layout table."""
+    return stdout.split("\nLayouts on ")[0].split()
 
 
-def test_cli_dry_run_lists_trials(tmp_path):
+def test_cli_dry_run_lists_trials_and_layouts(tmp_path):
     out = _launch(tmp_path, "--dry-run")
     assert out.returncode == 0, out.stderr
-    assert len(_trial_ids(out.stdout)) == 4, out.stdout
+    assert len(_trial_ids(out.stdout)) == 4
+    # each family's layout, the memory model's peak per GPU and the sweep's predicted GPU-hours
+    assert "  smollm2-135m: 1 GPU, ZeRO-0, micro-batch 2 x 2; peak " in out.stdout
+    assert "  gemma3-270m: 1 GPU, ZeRO-0, micro-batch 2 x 2; peak " in out.stdout
+    assert "2 trial(s)," in out.stdout and "  sweep: " in out.stdout and " GPU-hours" in out.stdout
 
 
 def test_cli_families_runs_one_half_of_a_grid(tmp_path):
     out = _launch(tmp_path, "--families", "gemma3-270m", "--dry-run")
     assert out.returncode == 0, out.stderr
-    assert [t.split("_")[0] for t in _trial_ids(out.stdout)] == ["gemma3-270m", "gemma3-270m"], out.stdout
+    assert [t.split("_")[0] for t in _trial_ids(out.stdout)] == ["gemma3-270m", "gemma3-270m"]
     bad = _launch(tmp_path, "--families", "gemma3-270m,nosuch", "--dry-run")
     assert bad.returncode == 2 and "unknown model family 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr

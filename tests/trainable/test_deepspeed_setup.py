@@ -22,7 +22,22 @@ def test_researcher_overrides_merge_into_nested_entries():
     train = TrainConfig(deepspeed={"bf16": {"check_grad_overflow": True}, "zero_optimization": {"overlap_comm": True}})
     config = deepspeed_config(train, "bf16", world_size=2)
     assert config["bf16"] == {"enabled": True, "check_grad_overflow": True}
-    assert config["zero_optimization"] == {"stage": train.zero_stage, "overlap_comm": True}
+    assert config["zero_optimization"] == {"stage": 2, "overlap_comm": True}  # 'auto' across ranks: ZeRO-2
+
+
+def test_zero3_buckets_follow_the_layer_and_parse():
+    train = TrainConfig(zero_stage=3, micro_batch_size=2)
+    config = deepspeed_config(train, "bf16", world_size=1, layer_params=218_112_128)
+    zero = DeepSpeedConfig(config).zero_config
+    assert zero.prefetch_bucket_size == 2 * 218_112_128 and zero.max_live_parameters == 7 * 218_112_128
+    assert zero.param_persistence_threshold == 1_000_000 and zero.overlap_comm
+    small = deepspeed_config(train, "bf16", world_size=1, layer_params=1000)["zero_optimization"]
+    assert small["stage3_max_live_parameters"] == 1_000_000_000  # at least 1e9 live, however small the layers
+
+
+def test_auto_stage_without_a_layout_is_zero0_alone_and_zero2_across_ranks():
+    assert deepspeed_config(TrainConfig(), "fp32", world_size=1)["zero_optimization"]["stage"] == 0
+    assert deepspeed_config(TrainConfig(), "fp32", world_size=4)["zero_optimization"]["stage"] == 2
 
 
 @pytest.mark.parametrize("schedule, at_end", [("cosine", 0.0), ("linear", 0.0), ("constant", 1.0)])

@@ -91,3 +91,18 @@ def test_the_plain_loss_is_the_unsmoothed_cross_entropy_scaled_like_the_loss(tin
     wrapped.train()
     wrapped(**batches[0])  # without a divisor: the batch's mean
     torch.testing.assert_close(wrapped.take_plain_loss().double(), want, rtol=1e-6, atol=0)
+
+
+def test_the_attention_checks_probes_add_no_plain_loss(tiny_llama_config) -> None:
+    import transformers
+
+    from trainable.attention_check import choose_attention
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**tiny_llama_config))
+    wrapped = CausalLMWithFusedLoss(model, 0.0).train()
+    batch = _batch(tiny_llama_config["vocab_size"])
+    choose_attention(model, lambda: wrapped(**batch))  # the trial loop's probes, before step 1
+    assert float(wrapped.take_plain_loss()) == 0.0
+    loss = wrapped(**batch)  # step 1 at beta 0: plain and smoothed are the same number
+    torch.testing.assert_close(wrapped.take_plain_loss(), loss.detach(), rtol=1e-5, atol=0)

@@ -1,0 +1,57 @@
+"""A new user's bad input is one line before anything trains: run names that would write outside the store or be
+hidden from its readers, an override with no value, and an override's problem blamed on the override."""
+
+from pathlib import Path
+
+import pytest
+
+from sweeps.config import ConfigError, load_sweep
+from sweeps.launch import main
+
+TINY = Path(__file__).with_name("tiny_sweep.yaml")
+
+
+@pytest.mark.parametrize("name", ["", "_scratch", ".hidden", "../../escape", "a/b", "a\\b", "..", " x"])
+def test_run_names_that_are_no_file_name_are_refused(name):
+    with pytest.raises(ConfigError) as error:
+        load_sweep(TINY, {"name": name})
+    assert error.value.problems == [f"--name {name!r}: name: expected a run name of letters, digits and . _ - + = "
+                                    f"that starts with a letter or digit (no path separator, no leading '.' or "
+                                    f"'_'), got {name!r}"]
+
+
+@pytest.mark.parametrize("name", ["tiny", "paper_alpaca", "run-2.1", "A+B=c"])
+def test_ordinary_run_names_pass(name):
+    assert load_sweep(TINY, {"name": name}).name == name
+
+
+def test_an_override_without_a_value_is_refused_not_read_as_null():
+    with pytest.raises(ConfigError) as error:
+        load_sweep(TINY, assignments=["train.max_steps="])
+    assert error.value.problems == ["override 'train.max_steps=': expected a VALUE after '=', got nothing (write "
+                                    "train.max_steps=null for none)"]
+    assert load_sweep(TINY, assignments=["train.max_steps=null"]).train.max_steps is None
+
+
+def test_an_overrides_problem_is_blamed_on_the_override_and_the_files_on_the_file(tmp_path):
+    config = tmp_path / "sweep.yaml"
+    config.write_text(TINY.read_text().replace("seed: 0", "seed: 0\nlearning_rates: [-1.0]").replace(
+        "learning_rates: [1.0e-3]\n", ""))
+    with pytest.raises(ConfigError) as error:
+        load_sweep(config, assignments=["train.max_steps=abc", "name=_x"])
+    problems = error.value.problems
+    assert "override 'train.max_steps=abc': train.max_steps: expected int | None, got 'abc'" in problems
+    with pytest.raises(ConfigError) as error:
+        load_sweep(config, assignments=["name=_x"])
+    problems = error.value.problems
+    assert len(problems) == 2 and problems[0].startswith("override 'name=_x': name: expected a run name")
+    assert problems[1].startswith("sweep.yaml.learning_rates: ")
+
+
+def test_dry_run_and_resume_refuse_a_bad_name_in_one_line(tmp_path, capsys):
+    assert main(["--config", str(TINY), "--results-dir", str(tmp_path), "--dry-run", "name=../../escape"]) == 2
+    assert main(["--results-dir", str(tmp_path), "--resume", "../x"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and errors[0].startswith("calsweep: error: override 'name=../../escape': name: expected")
+    assert errors[1].startswith("calsweep: error: --resume: expected a run name") and "got '../x'" in errors[1]
+    assert list(tmp_path.iterdir()) == [] and not (tmp_path.parent / "escape").exists()

@@ -1,0 +1,28 @@
+"""What the launcher says of layouts: the dry run's table (GPU-hours from tokens) and the GPU probe's check."""
+
+from pathlib import Path
+
+from sweeps.config import load_sweep
+from sweeps.layout_report import layout_table, trial_tokens
+from sweeps.packing import layout_check
+
+PAPER = Path(__file__).resolve().parents[2] / "sweeps" / "configs" / "paper_alpaca.yaml"
+
+
+def test_table_lists_each_family_and_sums_gpu_hours():
+    sweep = load_sweep(PAPER)
+    text = layout_table(sweep, sft_rows=52_002)
+    assert "llama-3.1-8b: 2 GPUs, ZeRO-3, micro-batch 1 x 64" in text and "llama-3.2-1b: 1 GPU, ZeRO-0" in text
+    hours = [float(line.split("trial(s), ")[1].split(" GPU-hours")[0]) for line in text.splitlines()[1:-1]]
+    assert float(text.splitlines()[-1].split("sweep: ")[1].split()[0]) == float(f"{sum(hours):.3g}")
+    assert trial_tokens(sweep, "llama-3.2-1b", 52_002) == 52_002 * 2048  # one epoch of full rows
+    steps = load_sweep(PAPER, {}, ["train.max_steps=10"])
+    assert trial_tokens(steps, "llama-3.1-8b", None) == 10 * 128 * 2048  # 10 steps of 128 sequences on 2 GPUs
+
+
+def test_probe_peak_is_checked_against_the_layout():
+    sweep = load_sweep(PAPER)
+    predicted = sweep.layout("llama-3.2-1b").peak_bytes
+    assert layout_check(sweep, "llama-3.2-1b", 0.95 * predicted).endswith("(-5%)")
+    assert layout_check(sweep, "llama-3.2-1b", 1.2 * predicted).endswith("by more than 10%")
+    assert "not one GPU's" in layout_check(sweep, "llama-3.1-8b", 1.0)

@@ -1,0 +1,99 @@
+"""Several Ray nodes on one machine (``ray.cluster_utils.Cluster``: a head and worker nodes, each its own raylet, as
+Ray tests itself): a head without trial resources and two one-CPU worker nodes, the results store on a directory
+all of them share, the sweep joining with ``--address``. Trials land on both worker nodes (the row's ``node_id``);
+a worker node killed hard mid-trial costs the trial its node, not its row: it resumes from its last checkpoint on
+the surviving node, and the store ends with one ok row per trial and no half-written file."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sweeps import analyze, store
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = Path(__file__).with_name("tiny_sweep.yaml")
+# 0.9 CPU: a worker and the (0.001-CPU) Tune drivers fit on a one-CPU node, two workers do not: one trial per node
+ON_TWO_NODES = ["resources.cpus_per_worker=0.9", "resources.max_concurrent_trials=2"]
+
+
+@pytest.fixture
+def cluster(data_dir):
+    """A head with no CPUs (no trial, no driver lands there) and two worker nodes with one CPU each."""
+    from ray.cluster_utils import Cluster
+
+    os.environ["CALSWEEP_DATA_DIR"] = data_dir  # the nodes' processes (trial drivers, workers) inherit it
+    # the dashboard as on a real head: Ray Train frees a dead trial's placement group through its State API
+    with socket.socket() as probe:  # a free port: 8265 may be another Ray instance's on this machine
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": 0, "include_dashboard": True, "dashboard_port": port})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    yield cluster, workers
+    cluster.shutdown()
+
+
+def _launch(address: str, results: Path, *settings: str) -> subprocess.Popen:
+    command = [sys.executable, str(REPO / "sweeps" / "launch.py"), "--config", str(CONFIG), "--address", address,
+               "--results-dir", str(results), *ON_TWO_NODES, *settings]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+
+
+def _leftovers(results: Path) -> list[str]:
+    """Hidden (temporary) files of the store's tables: what a writer killed mid-write would leave."""
+    return [str(p) for table in ("trials", "questions") for p in (results / table).glob(".*")]
+
+
+@pytest.mark.slow
+def test_a_sweep_on_two_worker_nodes_lands_on_both(cluster, tmp_path):
+    cluster, workers = cluster
+    results = tmp_path / "shared"
+    launcher = _launch(cluster.address, results)
+    out, _ = launcher.communicate(timeout=900)
+    assert launcher.returncode == 0, out[-4000:]
+    rows = store.read_trials(str(results), "tiny").to_pylist()
+    assert [row["status"] for row in rows] == ["ok", "ok"], out[-4000:]
+    assert {row["node_id"] for row in rows} == {node.node_id for node in workers}  # one trial per worker node
+    assert "tiny-llama  0.001  0.1   0     ok" in out  # the closing table
+    written = analyze.main([str(results), "--n-boot", "20", "--out", str(tmp_path / "analysis")])
+    assert any(path.name == "table1.csv" for path in written) and _leftovers(results) == []
+
+
+def _checkpointed(results: Path) -> int:
+    """Trials with a checkpoint Ray Train has committed: its run's checkpoint list is written (a folder uploaded a
+    moment before its controller died is not yet one the run resumes from)."""
+    return sum((run / "checkpoint_manager_snapshot.json").is_file() for run in (results / "ray").glob("tiny-*"))
+
+
+@pytest.mark.slow
+def test_a_worker_node_killed_mid_trial_costs_no_row(cluster, tmp_path):
+    cluster, workers = cluster
+    results = tmp_path / "shared"
+    launcher = _launch(cluster.address, results, "train.max_steps=24", "train.checkpoint_every_steps=4",
+                       "train.log_every=1", "eval.tasks=[arc_easy]", "resources.max_failures=2")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 600
+    while _checkpointed(results) < 2 and launcher.poll() is None and time.time() < deadline:
+        time.sleep(0.5)  # both trials train, one on each worker node, each past its first checkpoint
+    assert _checkpointed(results) == 2, "".join(lines)[-4000:]
+    lost, survivor = workers
+    cluster.remove_node(lost, allow_graceful=False)  # its raylet and every process on it: SIGKILL
+    launcher.wait(timeout=900)
+    reader.join(timeout=60)
+    out = "".join(lines)
+    assert launcher.returncode == 0, out[-4000:]
+    rows = store.read_trials(str(results), "tiny").to_pylist()
+    assert [row["status"] for row in rows] == ["ok", "ok"], out[-4000:]  # one ok row per trial
+    assert {row["node_id"] for row in rows} == {survivor.node_id}  # the lost node's trial finished on the survivor
+    assert any(row["resumed_from_step"] >= 4 for row in rows), out[-4000:]  # from its checkpoint, not step 0
+    assert "resumed from its checkpoint at step" in out and _leftovers(results) == []

@@ -1,0 +1,84 @@
+"""The layout planner: its memory model against the peaks measured on GPUs, and the layouts it chooses."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.models import REGISTRY
+from trainable.config import TrainConfig
+from trainable.layout import (GIB, ModelShape, gpu_hours, model_shape, peak_bytes, plan_layout, with_layout,
+                              zero_buckets)
+
+RECORDS = Path(__file__).parents[2] / "docs" / "measurements" / "2026-11-26-layout" / "sft_throughput_h200x2.json"
+SHAPES = {"1b": model_shape(REGISTRY["llama-3.2-1b"]), "8b": model_shape(REGISTRY["llama-3.1-8b"])}
+H100, H200 = 79.6 * GIB, 139.8 * GIB
+
+
+def _measured() -> list[dict]:
+    records = json.loads(RECORDS.read_text())["records"]
+    return [r for r in records if "zero_stage" in r and "compiled layers" in r["impl"]]
+
+
+def test_registry_shapes_count_the_registry_params():
+    for name in ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-7b", "gemma-2-2b"):
+        spec = REGISTRY[name]
+        counted = ModelShape.from_config({**spec.dimensions, "hidden_size": spec.hidden_size,
+                                          "vocab_size": spec.vocab_size})
+        assert counted.params == pytest.approx(spec.params, rel=0.01), name
+
+
+@pytest.mark.parametrize("record", _measured(), ids=lambda r: f"{r['file']}:{r['row']}")
+def test_memory_model_within_10_percent_of_measured_peaks(record):
+    """Every compiled-layer run of the H200 benchmark (docs/results.md), with the ZeRO buckets it ran with."""
+    shape = SHAPES[record["shape"]]
+    predicted = peak_bytes(shape, record["zero_stage"], record["gpus"], record["micro_batch"], record["seq_len"],
+                           record["recomputed_layers"], record["zero_optimization"]) / GIB
+    assert predicted == pytest.approx(record["peak_gib"], rel=0.10)
+
+
+def test_records_cover_every_stage_and_recompute():
+    measured = _measured()
+    assert {r["zero_stage"] for r in measured} == {0, 2, 3} and {r["gpus"] for r in measured} == {1, 2}
+    assert any(r["recomputed_layers"] for r in measured) and {r["shape"] for r in measured} == {"1b", "8b"}
+
+
+def test_cheapest_layouts():
+    one_b, eight_b = SHAPES["1b"], SHAPES["8b"]
+    # fits one GPU: one GPU, ZeRO-0, nothing recomputed, the config's micro-batch
+    layout = plan_layout(one_b, 2048, 16, 2, H100)
+    assert (layout.workers, layout.zero_stage, layout.checkpointed, layout.micro_batch_size,
+            layout.gradient_accumulation_steps) == (1, 0, 0, 2, 8)
+    # states fit two H200s but weights and states not one: ZeRO-2 across two, the step's sequences split
+    layout = plan_layout(eight_b, 2048, 4, 2, H200)
+    assert (layout.workers, layout.zero_stage, layout.micro_batch_size, layout.gradient_accumulation_steps,
+            layout.checkpointed) == (2, 2, 2, 1, 0)
+    # two H100s: ZeRO-2 does not fit, ZeRO-3 with recomputed layers does
+    layout = plan_layout(eight_b, 2048, 4, 2, H100, workers=2)
+    assert layout.zero_stage == 3 and layout.checkpointed > 0 and layout.peak_bytes <= H100
+
+
+def test_explicit_settings_win_and_nothing_fitting_is_one_line():
+    layout = plan_layout(SHAPES["1b"], 2048, 8, 4, H100, workers=2, stage=3, checkpointing=True)
+    assert (layout.workers, layout.zero_stage, layout.checkpointed) == (2, 3, 16)
+    with pytest.raises(ValueError, match=r"8.03B-parameter model .* within 20 GiB GPUs on 1 GPUs, got none"):
+        plan_layout(SHAPES["8b"], 2048, 4, 2, 20 * GIB, workers=1)
+
+
+def test_with_layout_resolves_the_train_section():
+    layout = plan_layout(SHAPES["8b"], 2048, 4, 2, H100, workers=2)
+    train = with_layout(TrainConfig(deepspeed={"zero_optimization": {"reduce_bucket_size": 7}}), layout, SHAPES["8b"])
+    assert train.zero_stage == 3 and train.activation_checkpointing == layout.checkpointed
+    zero = train.deepspeed["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 7  # the researcher's own entry wins over the layout's
+    if not layout.wide_buckets:
+        assert zero["stage3_max_live_parameters"] == zero_buckets(3, SHAPES["8b"].layer_params, False)[
+            "stage3_max_live_parameters"]
+
+
+def test_gpu_hours_follow_tokens_and_recorded_mfu():
+    layout = plan_layout(SHAPES["1b"], 2048, 4, 4, H100)
+    one = gpu_hours(SHAPES["1b"], layout, 1e9, 2048)
+    assert gpu_hours(SHAPES["1b"], layout, 2e9, 2048) == pytest.approx(2 * one)
+    # 1e9 tokens x ~7.9 GFLOP per token at 40% of 989 TFLOP/s: about 5.5 GPU-hours
+    assert 4 < one < 7
