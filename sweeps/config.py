@@ -44,7 +44,10 @@ class ResourcesConfig:
     gpus_per_worker: float | str | None = None
     probe_margin: float = 1.3  # auto: the fraction asked is the probe's peak memory x this, over the GPU's memory
     max_concurrent_trials: int | None = None  # null: GPUs // gpus per trial (at least 1)
-    max_failures: int = 1  # Ray Train retries of a crashed trial before it is recorded as failed
+    max_failures: int = 1  # Ray Tune retries of a failed or crashed trial before it is recorded as failed
+    # one-worker trials run in Tune actors kept warm across trials (sweeps.warm_trial); false: a Ray Train worker
+    # group of one per trial, started and stopped with it
+    warm_trials: bool = True
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,7 @@ from sweeps import store
 from sweeps.config import ConfigError, SweepConfig, load_sweep, sweep_to_dict, workers_for
 from sweeps.layout_report import layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
-
-
-DRIVER_CPUS = 0.001  # a trial's Tune function only waits on its TorchTrainer
+from sweeps.driver import DRIVER_CPUS
 
 
 PROG = "python sweeps/launch.py"  # the name usage and help show; `calsweep launch` passes its own
@@ -153,7 +151,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     from ray import tune
 
     from sweeps import search, tracking
-    from sweeps.driver import trial_driver
+    from sweeps.driver import trial_driver, trial_resources
     from sweeps.progress import StoreRecorder, TrialProgress
     from common.provenance import git_revision, package_versions
 
@@ -184,7 +182,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     param_space = {**search.search_space(sweep), "sweep": sweep_to_dict(sweep), "storage_path": storage_path,
                    "rerun_changed": rerun_changed,
                    "provenance": {"package_versions": package_versions(), "git_rev": git_revision()}}
-    trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
+    trainable = tune.with_resources(trial_driver, trial_resources)
     experiment = f"{storage_path}/{sweep.name}"
 
     def callbacks() -> list:  # fresh ones for each Tuner
@@ -201,8 +199,10 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=sweep.resources.max_concurrent_trials, num_samples=search.num_samples(sweep),
                 search_alg=search.search_algorithm(sweep), scheduler=search.scheduler(sweep),
-                trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep)),
+                trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep),
+                reuse_actors=True),  # a warm trial's actor (process, CUDA context, compiled graphs) serves the next
             run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
                                       callbacks=[TrialProgress(sweep, n_trials), *callbacks()]),
         )
     if not verbose:  # MLflow's own INFO lines (creating its tables) are no trial events
@@ -221,7 +221,7 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
     driver stores the new row (ok, or failed again). Resources are no result setting: the row is a normal one."""
     from ray import tune
 
-    from sweeps.driver import trial_driver
+    from sweeps.driver import trial_driver, trial_resources
     from sweeps.packing import alone as run_alone, out_of_memory
     from sweeps.progress import TrialProgress
 
@@ -233,7 +233,7 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
     print(f"Retrying {len(rows)} trial(s) that ran out of GPU memory while sharing, alone "
           f"({alone.resources.gpus_per_worker:g} GPU per worker, one trial at a time): "
           f"{', '.join(row['trial_id'] for row in rows)}", flush=True)
-    trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
+    trainable = tune.with_resources(trial_driver, trial_resources)
     for row in rows:
         point = {"family": row["family"], "learning_rate": row["learning_rate"],
                  "label_smoothing": row["label_smoothing"], "seed": row["seed"]}
@@ -243,6 +243,7 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
                                         trial_dirname_creator=_trial_name(alone)),
             run_config=tune.RunConfig(name=f"{sweep.name}-alone-{row['trial_id']}",
                                       storage_path=param_space["storage_path"], verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=alone.resources.max_failures),
                                       callbacks=[TrialProgress(alone, 1), *callbacks()]))
         tuner.fit()
 
