@@ -53,3 +53,42 @@ def test_warm_trials_cost_little_outside_their_work_and_match_cold_ones_bit_for_
         for key in SAME[:-1]:
             assert row[key] == other[key], (row["trial_id"], key, row[key], other[key])
     assert len({row["train_loss"] for row in warm}) > 1  # the trials differ, so a leftover would show
+
+
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=10, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=300, head_dim=8)
+
+
+def _compiled_trial_forward(config: dict) -> tuple[float, dict]:
+    """A new model (as each trial builds its own) run through ``compiled_decoder_layers``: its loss and the
+    Dynamo frames compiled for it."""
+    import torch
+    from torch._dynamo.utils import counters
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainable.compiled import compiled_decoder_layers
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **config))
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
+    counters.clear()
+    with compiled_decoder_layers(model, backend="eager") as layers:
+        assert layers == config["num_hidden_layers"]
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    return loss.item(), dict(counters["frames"])
+
+
+def test_a_later_trial_of_the_same_shape_compiles_nothing_and_another_shape_its_own():
+    import torch
+
+    torch._dynamo.reset()  # graphs of earlier tests in this process aside
+    first_loss, first = _compiled_trial_forward(SMALL)
+    assert first["total"] == first["ok"] == 1  # one graph serves every layer (trainable.compiled)
+    again_loss, again = _compiled_trial_forward(SMALL)  # a new model instance, as the next warm trial's
+    assert again.get("total", 0) == 0 and again_loss == first_loss
+    wider = {**SMALL, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
+    _, other = _compiled_trial_forward(wider)
+    assert other["total"] == other["ok"] == 1  # its own graph, not the first shape's
+    back_loss, back = _compiled_trial_forward(SMALL)
+    assert back.get("total", 0) == 0 and back_loss == first_loss
