@@ -5,8 +5,9 @@ Tune runs ``trial_driver(params)`` per grid point with ``trial_resources(params)
 (``sweeps.warm_trial``); any other follows the pattern of Ray Train V2 + Tune: the driver builds the trial's
 ``TorchTrainer`` (workers running ``trainable.worker.train_fn_per_worker``) and forwards worker reports to Tune
 (``TuneReportCallback``). Either way the driver writes the trial's row (ok, or failed with its error) to the
-results store; Tune's ``FailureConfig`` retries a failed trial (a Ray Train run gets no retries of its own). A trial already stored as ok is not run again (resume) if its stored config matches the
-current one (``sweeps.fingerprint``); one from another config is refused, or re-run with ``rerun_changed``.
+results store; Tune's ``FailureConfig`` retries a failed trial (a Ray Train run gets no retries of its own). A
+trial already stored as ok is not run again (resume) if its stored config matches the current one
+(``sweeps.fingerprint``); one from another config is refused, or re-run with ``rerun_changed``.
 The trial's checkpoints go to the results storage (the newest ``train.checkpoints_to_keep`` kept); a retried,
 resumed or re-run trial continues from the latest of its config (``sweeps.checkpoints``).
 """
