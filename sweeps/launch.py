@@ -161,7 +161,9 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     if address:
         context = ray.init(address=address, **quiet)
     else:
-        context = ray.init(include_dashboard=True if dashboard else None, configure_logging=True, **quiet)
+        # "local": a Ray of our own, never silently the one a `ray start` on this machine left in /tmp/ray
+        context = ray.init(address="local", include_dashboard=True if dashboard else None, configure_logging=True,
+                           **quiet)
     if not verbose:  # a failed trial is one FAILED line, not Tune's traceback; no Optuna INFO line ('study created')
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
         if sweep.search.method == "optuna":
