@@ -94,7 +94,9 @@ def summarise(results: Path, samples: list[tuple[float, int, float]]) -> dict:
     """The store's trials of the run with the GPU samples of their span: busy fraction, overheads, wall times."""
     from sweeps import overhead, store
 
-    rows = store.read_trials(str(results), RUN).to_pylist()
+    rows = store.read_trials(str(results), RUN).to_pylist() if (results / "trials").is_dir() else []
+    if not rows:
+        return {"trials": 0, "ok": 0}
     starts = [r["started_at"].timestamp() for r in rows]
     ends = [r["finished_at"].timestamp() for r in rows]
     window = [s for s in samples if min(starts) <= s[0] <= max(ends)]
@@ -143,7 +145,7 @@ def table(result: dict) -> str:
     def cell(value: float | None, scale: float = 1.0, unit: str = " s") -> str:
         return "-" if value is None else f"{scale * value:.1f}{unit}"
 
-    paths = list(result["paths"])
+    paths = [p for p, r in result["paths"].items() if r["trials"]]
     lines = [f"{result['device']}, {result['shape']} shape, {result['trials']} trials x {result['steps']} steps",
              f"{'':<40}" + "".join(f"{p:>14}" for p in paths)]
     rows = [("trials ok", lambda r: f"{r['ok']}/{r['trials']}"),
@@ -185,6 +187,9 @@ def main() -> None:
         result["paths"][path] = run_path(args, work / path, warm=path == "warm")
         Path(args.out).write_text(json.dumps(result, indent=1, default=str))  # what has run so far
     print("\n" + table(result))
+    failed = {p: r["launch_exit_code"] for p, r in result["paths"].items() if r["launch_exit_code"] != 0}
+    if failed:
+        raise SystemExit(f"sweeps that did not end cleanly (launch exit codes): {failed}")
 
 
 if __name__ == "__main__":
