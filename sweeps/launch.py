@@ -79,7 +79,7 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
     """Fill the config's null resources from the cluster: GPUs per worker, CPUs per worker, concurrency. GPUs per
     worker ``auto`` is 0 on a CPU-only cluster, else ``probe(sweep)`` (default: ``packing.probe_fraction``, a
     measured one-step memory probe per family)."""
-    from sweeps.packing import probe_fraction
+    from sweeps.gpu_sharing import probe_fraction
 
     r = sweep.resources
     gpus_total, cpus_total = int(cluster.get("GPU", 0)), max(1, int(cluster.get("CPU", 1)))
@@ -221,7 +221,7 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
     from ray import tune
 
     from sweeps.driver import trial_driver
-    from sweeps.packing import alone as run_alone, out_of_memory
+    from sweeps.gpu_sharing import alone as run_alone, out_of_memory
     from sweeps.progress import TrialProgress
 
     rows = [row for row in store.read_trials(sweep.results_dir, sweep.name).to_pylist()

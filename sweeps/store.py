@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from calibration import records as calibration_records
 from calibration import summary
-from calibration.entropy_floor import STATS as ENTROPY_COLUMNS
+from calibration.entropy.statistics import STATS as ENTROPY_COLUMNS
 from calibration.task_config import TASKS
 
 SCHEMA_VERSION = 1

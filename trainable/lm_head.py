@@ -81,7 +81,7 @@ class CausalLMWithFusedLoss(nn.Module):
     sum / loss_divisor: the trial loop passes (response tokens of the whole optimiser step, all micro-batches and
     ranks) / (micro-batches x ranks), so after DeepSpeed's averaging over both the gradient is that of the mean
     over every response token of the step, however they are spread over micro-batches.
-    With ``position_ids`` (packed rows, ``trainable.packing``) the attention mask is not passed: the decoder
+    With ``position_ids`` (packed rows, ``trainable.sequence_packing``) the attention mask is not passed: the decoder
     finds the examples from the position restarts and keeps them apart.
     ``plain_loss`` accumulates, over training forwards, the plain cross-entropy -log p(target) (no smoothing) of
     the same tokens scaled like the returned loss, so that betas can be compared; ``take_plain_loss`` hands it over

@@ -34,7 +34,7 @@ from trainable.fault_injection import die_if_due, oom_if_due
 from trainable.lm_head import CausalLMWithFusedLoss
 from common.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_cache_counts, prepare_node
-from trainable.packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
+from trainable.sequence_packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 from trainable.step_accounting import StepClock, global_mean_loss, optimizer_step, warmup_step_count
 from trainable.zero3_scoring import scoring_model
@@ -127,7 +127,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     torch.distributed must be initialised (Ray Train does it; tests use a one-rank gloo group).
     """
     from calibration.evaluate import evaluate_model
-    from calibration.prompt_states import evaluation_entropy_stats
+    from calibration.entropy.prompt_states import evaluation_entropy_stats
 
     if resume_from is not None and (resume_from / checkpointing.FINAL_FILE).is_file():
         return _report_finished(trial, resume_from, rank, report, writers)
@@ -245,10 +245,10 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                                     limit=trial.eval.limit, batch_size=trial.eval.batch_size,
                                     batch_tokens=trial.eval.batch_tokens, n_bins=trial.eval.n_bins,
                                     heldout=trial.eval.temperature_scaling, progress=rank == 0,
-                                    attention=attention.backends, plan_cache=cache_dir() / "plans",
+                                    attention=attention.backends, prompt_cache=cache_dir() / "prompts",
                                     ats_head=ats_head)
             summary, records = result.summary, result.records
-            if rank == 0:  # the floor's inputs from rank 0's scorer alone (no collective: calibration.prompt_states)
+            if rank == 0:  # the floor's inputs from rank 0's scorer alone (no collective: calibration.entropy.prompt_states)
                 writers.write_questions(trial.results_dir, trial.run_name, trial.trial_id, records)
                 floor = evaluation_entropy_stats(scorer, tokenizer, trial.eval.tasks, data_dir=trial.data_dir,
                                                  limit=trial.eval.limit, batch_size=trial.eval.batch_size,

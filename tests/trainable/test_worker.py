@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibration.entropy_floor import STATS
+from calibration.entropy.statistics import STATS
 from sweeps import store
 from trainable.config import TrialConfig
 from trainable.worker import run_trial
@@ -91,7 +91,7 @@ def test_saved_model_scores_like_the_trial_in_evaluate_and_lm_eval(tiny_llama_co
     import sys
 
     from calibration.agreement import write_task_yamls
-    from trainable.evaluate_cli import main as evaluate
+    from trainable.evaluate import main as evaluate
     from calibration.rescore import rescore
 
     trial = _trial(tiny_llama_config, data_dir, tmp_path / "results", zero_stage=3, save_model=True)
