@@ -23,6 +23,7 @@ from common.datasource import DataSourceError, resolve_data_dir
 from sweeps import store
 from sweeps.config import ConfigError, SweepConfig, load_sweep, sweep_to_dict, workers_for
 from sweeps.preflight import preflight, stale_problems
+from trainable.result import TrialResult
 
 
 DRIVER_CPUS = 0.001  # a trial's Tune function only waits on its TorchTrainer
@@ -105,17 +106,19 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
 
 
 def summary_table(results_dir: str, run_name: str, tasks: tuple[str, ...]) -> str:
-    """The run's trials as a fixed-width table: family, lr, beta, seed, the final step's label-smoothed loss and
-    its plain cross-entropy (comparable across betas), then acc/ECE/RMS per task."""
+    """The run's trials as a fixed-width table: family, lr, beta, seed, then from each row's ``TrialResult`` the
+    final step's label-smoothed loss and its plain cross-entropy (comparable across betas), and acc/ECE/RMS per
+    task."""
     rows = sorted(store.read_trials(results_dir, run_name).to_pylist(),
                   key=lambda r: (r["family"], r["learning_rate"], r["label_smoothing"], r["seed"]))
     header = ["family", "lr", "beta", "seed", "status", "train_loss", "plain_loss"] + [
         f"{t}_{m}" for t in tasks for m in ("acc", "ece", "rms")]
     lines = [header]
     for row in rows:
+        result = TrialResult.from_metrics(row)
         cells = [row["family"], f"{row['learning_rate']:g}", f"{row['label_smoothing']:g}", str(row["seed"]),
-                 row["status"], _fmt(row["train_loss"]), _fmt(row.get("train_loss_plain"))]
-        cells += [_fmt(row.get(f"{t}_{m}")) for t in tasks for m in ("accuracy", "ece", "rms_ce")]
+                 row["status"], _fmt(result.train_loss), _fmt(result.train_loss_plain)]
+        cells += [_fmt(result.task_metrics.get(f"{t}_{m}")) for t in tasks for m in ("accuracy", "ece", "rms_ce")]
         lines.append(cells)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines)
