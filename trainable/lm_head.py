@@ -14,12 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from kernels.plan_history import PlanHistory
 
 IGNORE_INDEX = -100
 
 
 class FusedLMHead(nn.Module):
-    """logits = hidden @ W^T (optionally softcapped); with targets: the fused label-smoothed loss."""
+    """logits = hidden @ W^T (optionally softcapped); with targets: the fused label-smoothed loss. The head owns
+    its gradient filter's plan history (``plan_history``, kernels/plan_history.py), saved with a trial's checkpoint
+    (trainable.checkpointing)."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None = None, softcap: float | None = None):
         super().__init__()
@@ -27,6 +30,7 @@ class FusedLMHead(nn.Module):
             raise ValueError("expected an lm_head without bias (the fused loss has no bias term), got a bias")
         self.weight = weight
         self.softcap = softcap
+        self.plan_history = PlanHistory()
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, *, label_smoothing: float = 0.0,
                 loss_impl: str = "fused", reduction: str = "mean", filter: str = "exact",
@@ -41,7 +45,8 @@ class FusedLMHead(nn.Module):
         if loss_impl == "fused":
             loss, stats = kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
                                                        ignore_index=IGNORE_INDEX, softcap=self.softcap,
-                                                       reduction=reduction, return_stats=True, filter=filter)
+                                                       reduction=reduction, return_stats=True, filter=filter,
+                                                       plan_history=self.plan_history)
             plain = -torch.log(stats.target_prob.flatten())
             return loss, _masked_mean(stats.max_prob.flatten(), kept), _masked_reduce(plain, kept, reduction)
         logits = self.forward(hidden)

@@ -216,7 +216,7 @@ def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
         if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
             print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
     if resumed:
-        checkpointing.restore(engine, resume_from, rank)
+        wrapped.head.plan_history = checkpointing.restore(engine, resume_from, rank)
         if rank == 0:
             print(f"[calsweep] trial {trial.trial_id} resumes at step {start}/{total_steps} from {resume_from}",
                   flush=True)
@@ -306,7 +306,8 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
             state = checkpointing.LoopState(step, total_steps, first_loss, step_loss, confidence, val_loss,
                                             prior_tokens + clock.tokens)
             with tempfile.TemporaryDirectory(prefix="calsweep-ckpt-") as directory:
-                checkpointing.save(engine, Path(directory), state, trial.to_dict(), rank, world_size)
+                checkpointing.save(engine, Path(directory), state, trial.to_dict(), rank, world_size,
+                                   wrapped.head.plan_history)
                 report_checkpoint(metrics, Path(directory))
     clock.stop()
     return Training(step_loss, plain_loss, first_loss, confidence, val_loss, prior_tokens, clock)
