@@ -31,6 +31,7 @@ class TrialResult:
     n_params: int | None  # real parameters of the loaded model
     vocab_size: int | None  # rows of the output head
     hidden_size: int | None
+    n_layers: int | None  # decoder layers
     # training
     train_loss: float | None  # label-smoothed loss of the last step (mean over its tokens and ranks)
     train_loss_plain: float | None  # -log p(target) of the last reported step's tokens: beta-free

@@ -360,8 +360,7 @@ def trial_result(setup: TrialSetup, trained: Training, scored: Scores, device: t
     clock, facts, engine = trained.clock, setup.facts, setup.engine
     train_s = clock.stopped - clock.started
     steady = clock.steady_rate()
-    flops = training_flops_per_token(facts["n_params"], _n_layers(setup.model), facts["hidden_size"],
-                                     setup.row_width)
+    flops = training_flops_per_token(facts["n_params"], facts["n_layers"], facts["hidden_size"], setup.row_width)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return TrialResult(
         model_source=setup.spec.source, model_location=setup.spec.location, **facts,
@@ -377,11 +376,6 @@ def trial_result(setup: TrialSetup, trained: Training, scored: Scores, device: t
         wall_load_s=setup.load_s, wall_train_s=train_s, wall_eval_s=scored.eval_s, wall_total_s=total_s,
         model_path=model_path, **compile_cache_counts(),
         task_metrics=flat_metrics(scored.summary), entropy=scored.entropy)
-
-
-def _n_layers(model: torch.nn.Module) -> int:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(config.num_hidden_layers)
 
 
 def _write_final(directory: Path, final: dict[str, Any], records, trial: TrialConfig, world_size: int) -> None:
