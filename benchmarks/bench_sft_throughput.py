@@ -13,7 +13,7 @@ Llama-3.2-1B (1.24B params, vocab 128,256, tied), ``8b`` Llama-3.1-8B (8.03B, un
 the GPU, SDPA attention, sequence ``--seq-len`` (2048). ``random``: one batch of random tokens, every token
 labelled. ``alpaca``: the project's SFT data path (``trainable.sft_data.build_sft_examples`` on Alpaca under
 ``--data-dir`` with the ``--tokenizer`` family or folder, loss on responses only) in packed rows of
-``--seq-len`` tokens (``trainable.packing``), the same rows for every implementation. A row that needs more
+``--seq-len`` tokens (``trainable.sequence_packing``), the same rows for every implementation. A row that needs more
 GPUs than the host has is listed as skipped.
 
 Each (row, implementation) runs under ``torchrun`` in its own processes (clean peak-memory counters):
@@ -131,7 +131,7 @@ def _rows_of_data(args, row: dict, rank: int, world: int, micro_batch: int | Non
         return itertools.cycle(micro), [{k: v[i] for k, v in batch.items()} for i in range(row["batch"])]
     from trainable.config import SFTConfig
     from common.models import load_tokenizer, resolve_model
-    from trainable.packing import collate_packed, epoch_rows, iterate_packed_batches
+    from trainable.sequence_packing import collate_packed, epoch_rows, iterate_packed_batches
     from trainable.sft_data import build_sft_examples
 
     tokenizer = load_tokenizer(resolve_model(args.tokenizer))

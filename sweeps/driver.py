@@ -25,13 +25,9 @@ from calibration.summary import metric_columns
 from sweeps import checkpoints, fingerprint, store, warm_trial
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
 from trainable.config import TrialConfig
+from trainable.result import ENTROPY_STATS, scalar_columns
 
 DRIVER_CPUS = 0.001  # a Ray Train trial's Tune function only waits on its TorchTrainer
-ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_plain", "train_loss_first", "val_loss", "train_confidence", "train_steps",
-                         "resumed_from_step",
-                         "train_tokens", "tokens_per_s", "precision", "attention", "device", "world_size",
-                         "model_source", "model_location", "wall_load_s", "wall_train_s", "wall_eval_s",
-                         "wall_total_s", "model_path", "node_id") + store.ENTROPY_COLUMNS
 
 
 def _now() -> dt.datetime:
@@ -55,19 +51,18 @@ def one_line(error: BaseException) -> str:
 
 def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any], status: str,
               error: str | None, started: dt.datetime, provenance: dict[str, str]) -> dict[str, Any]:
-    """One row of ``store.trial_schema()`` for a finished (or failed) trial; a reported ``<task>_<metric>`` of one of
-    the trial's tasks whose metric is not in ``calibration.summary.TASK_METRICS`` is a ValueError."""
+    """One row of ``store.trial_schema()`` for a finished (or failed) trial: its identity and config, then the
+    ``TrialResult`` in ``metrics`` (absent fields null); a reported ``<task>_<metric>`` of one of the trial's tasks
+    whose metric is not in ``calibration.summary.TASK_METRICS`` is a ValueError."""
     trial = sweep.trial(sweep.point(params))
     row: dict[str, Any] = {
         "run_name": sweep.name, "trial_id": trial.trial_id, "status": status, "error": error,
         "family": trial.family, "sft_dataset": trial.sft.dataset, "learning_rate": trial.learning_rate,
         "label_smoothing": trial.label_smoothing, "seed": trial.seed,
         "config_json": store.config_json(trial.to_dict()),
-        "n_params": metrics.get("model_n_params"), "vocab_size": metrics.get("model_vocab_size"),
-        "hidden_size": metrics.get("model_hidden_size"),
         "started_at": started, "finished_at": _now(), "hostname": socket.gethostname(), **provenance,
     }
-    row.update({key: metrics.get(key) for key in ROW_KEYS_FROM_METRICS})
+    row.update({key: metrics.get(key) for key in scalar_columns() + ENTROPY_STATS})  # trainable.result.TrialResult
     reported = {name for name in metrics if name.startswith(tuple(f"{task}_" for task in trial.eval.tasks))}
     unknown = sorted(reported - set(metric_columns(trial.eval.tasks)))
     if unknown:  # a metric the store has no column for fails the trial rather than vanish from its row

@@ -26,6 +26,7 @@ from sweeps.layout_report import layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
 from sweeps.run_lock import RunLockedError, run_lock
 from sweeps.driver import DRIVER_CPUS
+from trainable.result import TrialResult
 
 
 PROG = "python sweeps/launch.py"  # the name usage and help show; `calsweep launch` passes its own
@@ -79,7 +80,7 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
     """Fill the config's null resources from the cluster: GPUs per worker, CPUs per worker, concurrency. GPUs per
     worker ``auto`` is 0 on a CPU-only cluster, else ``probe(sweep)`` (default: ``packing.probe_fraction``, a
     measured one-step memory probe per family)."""
-    from sweeps.packing import probe_fraction
+    from sweeps.gpu_sharing import probe_fraction
 
     r = sweep.resources
     gpus_total, cpus_total = int(cluster.get("GPU", 0)), max(1, int(cluster.get("CPU", 1)))
@@ -105,17 +106,19 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
 
 
 def summary_table(results_dir: str, run_name: str, tasks: tuple[str, ...]) -> str:
-    """The run's trials as a fixed-width table: family, lr, beta, seed, the final step's label-smoothed loss and
-    its plain cross-entropy (comparable across betas), then acc/ECE/RMS per task."""
+    """The run's trials as a fixed-width table: family, lr, beta, seed, then from each row's ``TrialResult`` the
+    final step's label-smoothed loss and its plain cross-entropy (comparable across betas), and acc/ECE/RMS per
+    task."""
     rows = sorted(store.read_trials(results_dir, run_name).to_pylist(),
                   key=lambda r: (r["family"], r["learning_rate"], r["label_smoothing"], r["seed"]))
     header = ["family", "lr", "beta", "seed", "status", "train_loss", "plain_loss"] + [
         f"{t}_{m}" for t in tasks for m in ("acc", "ece", "rms")]
     lines = [header]
     for row in rows:
+        result = TrialResult.from_metrics(row)
         cells = [row["family"], f"{row['learning_rate']:g}", f"{row['label_smoothing']:g}", str(row["seed"]),
-                 row["status"], _fmt(row["train_loss"]), _fmt(row.get("train_loss_plain"))]
-        cells += [_fmt(row.get(f"{t}_{m}")) for t in tasks for m in ("accuracy", "ece", "rms_ce")]
+                 row["status"], _fmt(result.train_loss), _fmt(result.train_loss_plain)]
+        cells += [_fmt(result.task_metrics.get(f"{t}_{m}")) for t in tasks for m in ("accuracy", "ece", "rms_ce")]
         lines.append(cells)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines)
@@ -247,7 +250,7 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
     from ray import tune
 
     from sweeps.driver import trial_driver, trial_resources
-    from sweeps.packing import alone as run_alone, out_of_memory
+    from sweeps.gpu_sharing import alone as run_alone, out_of_memory
     from sweeps.progress import TrialProgress
 
     rows = [row for row in store.read_trials(sweep.results_dir, sweep.name).to_pylist()
