@@ -41,9 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PEAK_FLOPS = 989e12
 IMPLS = ("hf_trainer", "calsweep_eager", "calsweep", "calsweep_engine_compile")
 DEFAULT_ROWS = ("1b:1:0:4:random,1b:1:3:4:random,1b:2:2:4:random,1b:2:3:4:random,1b:2:auto:4:random,"
                 "8b:2:2:2:random,8b:2:3:2:random,8b:2:auto:2:random,1b:1:auto:4:alpaca")
@@ -109,10 +107,10 @@ def _model(shape: str, device):
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
-def _flops_per_token(model, shape: str, seq_len: int) -> float:
-    embedding = model.get_input_embeddings().weight.numel()
-    n = sum(p.numel() for p in model.parameters()) - embedding + model.get_output_embeddings().weight.numel()
-    return 6 * n + 12 * SHAPES[shape]["num_hidden_layers"] * SHAPES[shape]["hidden_size"] * seq_len
+def _flops_per_token(model, seq_len: int) -> float:
+    from trainable.layout import ModelShape
+
+    return ModelShape.from_config(model.config, sum(p.numel() for p in model.parameters())).flops_per_token(seq_len)
 
 
 def _rows_of_data(args, row: dict, rank: int, world: int, micro_batch: int | None = None):
@@ -184,7 +182,7 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
     model = _model(row["shape"], device)
-    flops = _flops_per_token(model, row["shape"], args.seq_len)
+    flops = _flops_per_token(model, args.seq_len)
     shape, layout = _layout(args, row, model, device)
     wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
     ds = json.loads(args.ds) if args.ds else {}
@@ -290,7 +288,7 @@ def run_hf_trainer(args, row: dict) -> dict:
                 self.started, self.tokens_at_start = time.perf_counter(), collator.tokens
 
     model = _model(row["shape"], device)
-    flops = _flops_per_token(model, row["shape"], args.seq_len)
+    flops = _flops_per_token(model, args.seq_len)
     collator, clock = CountingCollator(), Clock()
     ds_config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                  "train_batch_size": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
@@ -314,6 +312,8 @@ def run_hf_trainer(args, row: dict) -> dict:
 def _result(name: str, args, row: dict, seconds: float, flops_per_token: float, loss: float, tokens: int) -> dict:
     import torch
     import torch.distributed as dist
+
+    from trainable.layout import PEAK_FLOPS
 
     device = _device()
     peak_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
