@@ -67,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels import backward, forward, linear_cross_entropy  # noqa: E402
 from kernels.filter import FILTER_MASS, FILTERS, kept_share  # noqa: E402
+from kernels.plan_history import PlanHistory  # noqa: E402
 
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 MIB = 1 << 20
@@ -151,27 +152,13 @@ class _GemmsOnly(torch.autograd.Function):
         return d_hidden.to(hidden.dtype), d_weight, None
 
 
-def _gathered_head(beta: float, filter: str) -> Loss:
-    """Ours with forward.GATHER_HEAD on: the forward reads the sorted head by TMA from gathered copies of it."""
-
-    def loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        forward.GATHER_HEAD = True
-        try:
-            return linear_cross_entropy(h, w, y, label_smoothing=beta, filter=filter)
-        finally:
-            forward.GATHER_HEAD = False
-
-    return loss
-
-
 def methods(beta: float, device: str, baseline: str | None = None) -> dict[str, Loss]:
     """Name -> loss function of (hidden, weight, targets); libraries that are missing are left out."""
-    out: dict[str, Loss] = {
-        f"ours {f}": lambda h, w, y, f=f: linear_cross_entropy(h, w, y, label_smoothing=beta, filter=f)
+    out: dict[str, Loss] = {  # each with its own plan history, as a trial's fused head has
+        f"ours {f}": lambda h, w, y, f=f, history=PlanHistory(): linear_cross_entropy(
+            h, w, y, label_smoothing=beta, filter=f, plan_history=history)
         for f in FILTERS
     }
-    if device == "cuda":  # the filters' forward reading the sorted head from gathered copies (the earlier default)
-        out.update({f"ours {f}, gathered head": _gathered_head(beta, f) for f in ("exact", "loose")})
     if baseline:
         old = importlib.import_module(baseline)
         for f in importlib.import_module(f"{baseline}.api").FILTERS:

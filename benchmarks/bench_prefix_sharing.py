@@ -1,6 +1,6 @@
 """MMLU 5-shot questions per second with and without the shared k-shot prefix KV cache, same answers.
 
-    python benchmarks/bench_prefix_sharing.py --model gemma3-270m --plan-cache /tmp/plans \\
+    python benchmarks/bench_prefix_sharing.py --model gemma3-270m --prompt-cache /tmp/plans \\
         --data-dir ../shared/data --out results/bench_prefix_sharing.json          # GPU: bf16 by default
     python benchmarks/bench_prefix_sharing.py --model smollm2-135m --limit 8 --device cpu --out /tmp/b.json
 
@@ -10,8 +10,8 @@ without, every question runs its full prompt. Both modes batch under the same ca
 ``--batch-tokens`` padded row tokens per forward), so a mode with short rows runs more of them per forward.
 Reported per mode: seconds (tokenising and model time apart), questions/s, tokens run through the model,
 accuracy; and across modes the speed-up, the largest log-likelihood difference and how many predicted answers
-differ (bf16 rounding can flip near-ties). With ``--plan-cache DIR`` the plans go to a fresh folder under DIR
-(``calibration.plan_cache``) and each mode runs a second pass that reads its plan from there, as every trial of a
+differ (bf16 rounding can flip near-ties). With ``--prompt-cache DIR`` the plans go to a fresh folder under DIR
+(``calibration.prompt_cache``) and each mode runs a second pass that reads its plan from there, as every trial of a
 sweep after the first does; the speed-up of those passes is reported too.
 """
 
@@ -30,20 +30,20 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file from any directory, uninstalled
-from calibration.plan_cache import cached_plan  # noqa: E402
+from calibration.prompt_cache import cached_groups  # noqa: E402
 from calibration.scoring import score_plan, score_prompts  # noqa: E402
 from calibration.task_config import TASKS, load_prompts  # noqa: E402
 from common.provenance import git_revision  # noqa: E402
 
 
 def run_mode(model: Any, tokenizer: Any, prompts: list, gold: np.ndarray, *, share_prefix: bool,
-             batch_size: int, batch_tokens: int | None, plan_cache: str | None = None
+             batch_size: int, batch_tokens: int | None, prompt_cache: str | None = None
              ) -> tuple[dict[str, float], list[np.ndarray]]:
-    """Time one full scoring pass, split into tokenising (the plan; read from ``plan_cache`` when it holds it)
+    """Time one full scoring pass, split into tokenising (the plan; read from ``prompt_cache`` when it holds it)
     and the model's forwards; tokens = prefix tokens + row tokens actually run through the model."""
     _synchronize()
     started = time.perf_counter()
-    groups = cached_plan(tokenizer, prompts, share_prefix=share_prefix, directory=plan_cache)
+    groups = cached_groups(tokenizer, prompts, share_prefix=share_prefix, directory=prompt_cache)
     planned = time.perf_counter()
     loglik = score_plan(model, groups, [len(p.continuations) for p in prompts], batch_size=batch_size,
                         batch_tokens=batch_tokens)
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                         help="default bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--warmup", type=int, default=8, help="questions scored once per mode before timing")
-    parser.add_argument("--plan-cache", default=None,
+    parser.add_argument("--prompt-cache", default=None,
                         help="directory for tokenised plans: each mode then runs twice, the second pass reading its "
                              "plan from there, as every trial of a sweep after the first does")
     parser.add_argument("--out", required=True, help="JSON file for the results")
@@ -89,17 +89,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     caps = {"batch_size": args.batch_size, "batch_tokens": args.batch_tokens}
     # a fresh folder per run: plans left by an earlier run would make the first (tokenising) passes cached ones
     plans = None
-    if args.plan_cache:
-        Path(args.plan_cache).mkdir(parents=True, exist_ok=True)
-        plans = tempfile.mkdtemp(prefix="run-", dir=args.plan_cache)
-    shared, shared_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=True, plan_cache=plans, **caps)
-    full, full_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=False, plan_cache=plans, **caps)
+    if args.prompt_cache:
+        Path(args.prompt_cache).mkdir(parents=True, exist_ok=True)
+        plans = tempfile.mkdtemp(prefix="run-", dir=args.prompt_cache)
+    shared, shared_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=True, prompt_cache=plans, **caps)
+    full, full_ll = run_mode(model, tokenizer, prompts, gold, share_prefix=False, prompt_cache=plans, **caps)
     cached = {}
     if plans:
         cached = {"shared_prefix_cached_plan": run_mode(model, tokenizer, prompts, gold, share_prefix=True,
-                                                        plan_cache=plans, **caps)[0],
+                                                        prompt_cache=plans, **caps)[0],
                   "no_sharing_cached_plan": run_mode(model, tokenizer, prompts, gold, share_prefix=False,
-                                                     plan_cache=plans, **caps)[0]}
+                                                     prompt_cache=plans, **caps)[0]}
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else platform.processor()
     report = {
         "date": time.strftime("%Y-%m-%d"), "device": device or platform.machine(), "torch": torch.__version__,

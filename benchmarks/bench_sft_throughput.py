@@ -13,7 +13,7 @@ Llama-3.2-1B (1.24B params, vocab 128,256, tied), ``8b`` Llama-3.1-8B (8.03B, un
 the GPU, SDPA attention, sequence ``--seq-len`` (2048). ``random``: one batch of random tokens, every token
 labelled. ``alpaca``: the project's SFT data path (``trainable.sft_data.build_sft_examples`` on Alpaca under
 ``--data-dir`` with the ``--tokenizer`` family or folder, loss on responses only) in packed rows of
-``--seq-len`` tokens (``trainable.packing``), the same rows for every implementation. A row that needs more
+``--seq-len`` tokens (``trainable.sequence_packing``), the same rows for every implementation. A row that needs more
 GPUs than the host has is listed as skipped.
 
 Each (row, implementation) runs under ``torchrun`` in its own processes (clean peak-memory counters):
@@ -41,9 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PEAK_FLOPS = 989e12
 IMPLS = ("hf_trainer", "calsweep_eager", "calsweep", "calsweep_engine_compile")
 DEFAULT_ROWS = ("1b:1:0:4:random,1b:1:3:4:random,1b:2:2:4:random,1b:2:3:4:random,1b:2:auto:4:random,"
                 "8b:2:2:2:random,8b:2:3:2:random,8b:2:auto:2:random,1b:1:auto:4:alpaca")
@@ -109,10 +107,10 @@ def _model(shape: str, device):
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
-def _flops_per_token(model, shape: str, seq_len: int) -> float:
-    embedding = model.get_input_embeddings().weight.numel()
-    n = sum(p.numel() for p in model.parameters()) - embedding + model.get_output_embeddings().weight.numel()
-    return 6 * n + 12 * SHAPES[shape]["num_hidden_layers"] * SHAPES[shape]["hidden_size"] * seq_len
+def _flops_per_token(model, seq_len: int) -> float:
+    from trainable.layout import ModelShape
+
+    return ModelShape.from_config(model.config, sum(p.numel() for p in model.parameters())).flops_per_token(seq_len)
 
 
 def _rows_of_data(args, row: dict, rank: int, world: int, micro_batch: int | None = None):
@@ -131,7 +129,7 @@ def _rows_of_data(args, row: dict, rank: int, world: int, micro_batch: int | Non
         return itertools.cycle(micro), [{k: v[i] for k, v in batch.items()} for i in range(row["batch"])]
     from trainable.config import SFTConfig
     from common.models import load_tokenizer, resolve_model
-    from trainable.packing import collate_packed, epoch_rows, iterate_packed_batches
+    from trainable.sequence_packing import collate_packed, epoch_rows, iterate_packed_batches
     from trainable.sft_data import build_sft_examples
 
     tokenizer = load_tokenizer(resolve_model(args.tokenizer))
@@ -184,7 +182,7 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
     model = _model(row["shape"], device)
-    flops = _flops_per_token(model, row["shape"], args.seq_len)
+    flops = _flops_per_token(model, args.seq_len)
     shape, layout = _layout(args, row, model, device)
     wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
     ds = json.loads(args.ds) if args.ds else {}
@@ -290,7 +288,7 @@ def run_hf_trainer(args, row: dict) -> dict:
                 self.started, self.tokens_at_start = time.perf_counter(), collator.tokens
 
     model = _model(row["shape"], device)
-    flops = _flops_per_token(model, row["shape"], args.seq_len)
+    flops = _flops_per_token(model, args.seq_len)
     collator, clock = CountingCollator(), Clock()
     ds_config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                  "train_batch_size": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
@@ -314,6 +312,8 @@ def run_hf_trainer(args, row: dict) -> dict:
 def _result(name: str, args, row: dict, seconds: float, flops_per_token: float, loss: float, tokens: int) -> dict:
     import torch
     import torch.distributed as dist
+
+    from trainable.layout import PEAK_FLOPS
 
     device = _device()
     peak_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0

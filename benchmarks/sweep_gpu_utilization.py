@@ -1,14 +1,21 @@
-"""How busy a sweep keeps the GPUs: run one sweep of one-GPU trials, sample the GPUs, read the store.
+"""How busy a sweep keeps its GPUs, warm trials against cold ones: run a sweep, sample the GPUs, read the store.
 
-    python benchmarks/sweep_gpu_utilization.py --out util.json          # 8 trials of a random-init 8-layer Llama
+    python benchmarks/sweep_gpu_utilization.py --out util.json                   # 8 trials, 1B Llama, warm then cold
+    CUDA_VISIBLE_DEVICES=0 python benchmarks/sweep_gpu_utilization.py --paths warm --out util_1gpu.json
+    python benchmarks/sweep_gpu_utilization.py --shape tiny --trials 2 --steps 1 --eval-limit 4   # on the CPU
 
-Writes a sweep YAML (random-init Llama, ``--trials`` grid points = 2 lr x trials/2 betas, ``--steps`` optimiser
-steps each, ARC-Easy scoring of ``--eval-limit`` questions) and runs ``sweeps/launch.py`` on it while
-``nvidia-smi`` samples every GPU's utilisation (percent of time a kernel ran) every 200 ms. Reports:
+Writes a sweep YAML (``--shape``: ``1b``, a random-init Llama-3.2-1B shape on packed Alpaca rows of 2,048 tokens,
+or ``tiny``, a 2-layer Llama for the CPU; ``--trials`` grid points = 2 lr x trials/2 betas, ``--steps`` optimiser
+steps each, ARC-Easy scoring of ``--eval-limit`` questions) and runs ``sweeps/launch.py`` on it once per
+``--paths`` entry: ``warm`` (``resources.warm_trials: true``: one-worker trials in Tune actors reused across
+trials) and ``cold`` (false: a Ray Train worker group started and stopped per trial). Trials are one-GPU trials,
+as many at once as there are GPUs. While a sweep runs, ``nvidia-smi`` (when present) samples every GPU's
+utilisation (percent of time a kernel ran) every 200 ms. Reports per path:
 - busy: the mean sampled utilisation over the GPUs, from the first trial's start to the last trial's end;
-- per trial, from the store's timestamps and the worker's wall times: start to first step (the Tune function's
-  start to the end of loading: worker group, process group, model, DeepSpeed engine) and, per GPU slot,
-  end to next start (a trial's end to the start of the trial that takes its place).
+- per trial (``sweeps.overhead``, from the store's timestamps and the worker's wall times): overhead (time outside
+  the trial's own load, training and scoring) and idle (overhead plus loading: previous trial's last scored
+  question to this trial's first optimiser step), as means over the trials that follow another on their GPU;
+- train and scoring seconds per trial.
 Prints a table and writes JSON.
 """
 
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,24 +37,43 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def sweep_config(args: argparse.Namespace, results: Path) -> dict:
+SHAPES = {  # family name -> (custom model config, sft, train settings)
+    "1b": ({"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 2048,
+            "tie_word_embeddings": True},
+           {"max_examples": 20000, "max_seq_len": 2048},
+           {"micro_batch_size": 8, "gradient_accumulation_steps": 1, "precision": "bf16", "zero_stage": 2,
+            "pack": True, "pack_length": 2048}),
+    "tiny": ({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 49152, "max_position_embeddings": 512},
+             {"max_examples": 16, "max_seq_len": 96},
+             {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "zero_stage": 2}),
+}
+RUN = "gpu_utilization"
+
+
+def sweep_config(args: argparse.Namespace, results: Path, warm: bool) -> dict:
+    """The benchmark's sweep: ``args.trials`` one-worker trials of ``args.shape``, warm or cold."""
+    model, sft, train = SHAPES[args.shape]
+    family = f"llama-{args.shape}"
     betas = [round(0.1 * i, 1) for i in range(max(1, args.trials // 2))]
     return {
-        "name": "gpu_utilization", "seed": 0, "results_dir": str(results),
-        "families": ["llama-8x512"], "learning_rates": [1.0e-4, 3.0e-4], "label_smoothing": betas,
-        "custom_models": {"llama-8x512": {"architecture": "llama", "tokenizer": args.tokenizer, "config": {
-            "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 8,
-            "num_key_value_heads": 4, "vocab_size": 49152, "max_position_embeddings": 1024}}},
-        "sft": {"max_examples": 4096, "max_seq_len": 512},
-        "train": {"max_steps": args.steps, "micro_batch_size": 16, "gradient_accumulation_steps": 1,
-                  "precision": "bf16", "zero_stage": 2, "compile": False},
+        "name": RUN, "seed": 0, "results_dir": str(results),
+        "families": [family], "learning_rates": [1.0e-4, 3.0e-4][:max(1, min(2, args.trials))],
+        "label_smoothing": betas,
+        "custom_models": {family: {"architecture": "llama", "tokenizer": args.tokenizer, "config": model}},
+        "sft": sft, "train": {"max_steps": args.steps, "checkpoint_every_steps": None, **train},
         "eval": {"tasks": ["arc_easy"], "limit": args.eval_limit, "batch_size": 32},
-        "resources": {"workers_per_trial": 1, "gpus_per_worker": 1, "max_failures": 0},
+        "resources": {"workers_per_trial": 1, "max_failures": 0, "warm_trials": warm},
     }
 
 
-def sample_gpus(path: Path) -> subprocess.Popen:
-    """``nvidia-smi`` writing 'timestamp, index, utilization' lines every 200 ms until terminated."""
+def sample_gpus(path: Path) -> subprocess.Popen | None:
+    """``nvidia-smi`` writing 'timestamp, index, utilization' lines every 200 ms until terminated; None without
+    one (a CPU machine)."""
+    if shutil.which("nvidia-smi") is None:
+        path.write_text("")
+        return None
     handle = path.open("w")
     return subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu",
                              "--format=csv,noheader,nounits", "-lms", "200"], stdout=handle, text=True)
@@ -64,51 +91,32 @@ def read_samples(path: Path) -> list[tuple[float, int, float]]:
 
 
 def summarise(results: Path, samples: list[tuple[float, int, float]]) -> dict:
-    from sweeps import store
+    """The store's trials of the run with the GPU samples of their span: busy fraction, overheads, wall times."""
+    from sweeps import overhead, store
 
-    rows = sorted(store.read_trials(str(results), "gpu_utilization").to_pylist(), key=lambda r: r["started_at"])
+    rows = store.read_trials(str(results), RUN).to_pylist() if (results / "trials").is_dir() else []
+    if not rows:
+        return {"trials": 0, "ok": 0}
     starts = [r["started_at"].timestamp() for r in rows]
     ends = [r["finished_at"].timestamp() for r in rows]
     window = [s for s in samples if min(starts) <= s[0] <= max(ends)]
-    to_first_step = [r["wall_total_s"] - r["wall_train_s"] - r["wall_eval_s"] + (
-        r["finished_at"].timestamp() - r["started_at"].timestamp() - r["wall_total_s"]) for r in rows]
-    # slots: each end is followed by the earliest later start not yet taken (the trial that replaced it)
-    gaps, taken = [], set()
-    for end in sorted(ends):
-        later = [i for i, s in enumerate(starts) if s >= end - 1e-3 and i not in taken]
-        if later:
-            first = min(later, key=lambda i: starts[i])
-            taken.add(first)
-            gaps.append(starts[first] - end)
+    ok = [r for r in rows if r["status"] == "ok"]
     return {
-        "trials": len(rows), "ok": sum(r["status"] == "ok" for r in rows),
-        "sweep_s": max(ends) - min(starts), "gpus": sorted({s[1] for s in samples}),
+        "trials": len(rows), "ok": len(ok), "sweep_s": max(ends) - min(starts),
+        "gpus": sorted({s[1] for s in samples}),
         "busy_fraction": mean(s[2] for s in window) / 100 if window else None,
-        "start_to_first_step_s": {"median": median(to_first_step), "max": max(to_first_step)},
-        "end_to_next_start_s": {"median": median(gaps), "max": max(gaps)} if gaps else None,
-        "train_s_median": median(r["wall_train_s"] for r in rows),
-        "eval_s_median": median(r["wall_eval_s"] for r in rows),
-        "per_trial": [{"trial_id": r["trial_id"], "status": r["status"], "wall_load_s": r["wall_load_s"],
-                       "wall_train_s": r["wall_train_s"], "wall_eval_s": r["wall_eval_s"],
-                       "tune_s": e - s} for r, s, e in zip(rows, starts, ends)],
+        "train_s_median": median(r["wall_train_s"] for r in ok) if ok else None,
+        "eval_s_median": median(r["wall_eval_s"] for r in ok) if ok else None,
+        "load_s_median": median(r["wall_load_s"] for r in ok) if ok else None,
+        "overhead": overhead.summary(overhead.trial_overheads(rows)),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=8, help="grid points (2 learning rates x trials/2 betas)")
-    parser.add_argument("--steps", type=int, default=300, help="optimiser steps per trial")
-    parser.add_argument("--eval-limit", type=int, default=200, help="ARC-Easy questions scored per trial")
-    parser.add_argument("--tokenizer", default="smollm2-135m", help="registry name or local tokenizer directory")
-    parser.add_argument("--work", default="gpu_utilization_run", help="directory for the sweep's config and store")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds before the sweep is stopped and the "
-                        "trials finished so far are summarised")
-    parser.add_argument("--out", default="gpu_utilization.json")
-    args = parser.parse_args()
-    work = Path(args.work).resolve()
+def run_path(args: argparse.Namespace, work: Path, warm: bool) -> dict:
+    """Run the benchmark's sweep once (warm or cold) under ``work``, sampling the GPUs; its summary."""
     work.mkdir(parents=True, exist_ok=True)
     config = work / "sweep.yaml"
-    config.write_text(yaml.safe_dump(sweep_config(args, work / "results"), sort_keys=False))
+    config.write_text(yaml.safe_dump(sweep_config(args, work / "results", warm), sort_keys=False))
     sampler = sample_gpus(work / "gpu_samples.csv")
     launch = subprocess.Popen([sys.executable, str(ROOT / "sweeps" / "launch.py"), "--config", str(config)],
                               env=os.environ.copy())
@@ -118,22 +126,70 @@ def main() -> None:
         launch.kill()
         exit_code = "timed out"
     finally:
-        sampler.terminate()
-        sampler.wait()
-    result = {"date": time.strftime("%Y-%m-%d"), "launch_exit_code": exit_code,
-              **summarise(work / "results", read_samples(work / "gpu_samples.csv"))}
-    name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                          text=True).stdout.strip().splitlines()
-    result["device"] = f"{len(name)} x {name[0]}" if name else "unknown"
-    Path(args.out).write_text(json.dumps(result, indent=1, default=str))
-    print(f"\n{result['device']}, {result['trials']} trials ({result['ok']} ok), sweep {result['sweep_s']:.0f} s")
-    print(f"{'GPU busy (mean utilisation)':<36} {100 * (result['busy_fraction'] or 0):6.1f}%")
-    print(f"{'start to first step, median / max':<36} {result['start_to_first_step_s']['median']:6.1f} / "
-          f"{result['start_to_first_step_s']['max']:.1f} s")
-    if result["end_to_next_start_s"]:
-        print(f"{'end to next start, median / max':<36} {result['end_to_next_start_s']['median']:6.1f} / "
-              f"{result['end_to_next_start_s']['max']:.1f} s")
-    print(f"{'train / eval per trial, median':<36} {result['train_s_median']:6.1f} / {result['eval_s_median']:.1f} s")
+        if sampler is not None:
+            sampler.terminate()
+            sampler.wait()
+    return {"launch_exit_code": exit_code, **summarise(work / "results", read_samples(work / "gpu_samples.csv"))}
+
+
+def _device() -> str:
+    if shutil.which("nvidia-smi") is None:
+        return "cpu"
+    names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                           text=True).stdout.strip().splitlines()
+    return f"{len(names)} x {names[0]}" if names else "unknown"
+
+
+def table(result: dict) -> str:
+    """The paths side by side: busy, overhead and idle per trial, sweep, train and scoring."""
+    def cell(value: float | None, scale: float = 1.0, unit: str = " s") -> str:
+        return "-" if value is None else f"{scale * value:.1f}{unit}"
+
+    paths = [p for p, r in result["paths"].items() if r["trials"]]
+    lines = [f"{result['device']}, {result['shape']} shape, {result['trials']} trials x {result['steps']} steps",
+             f"{'':<40}" + "".join(f"{p:>14}" for p in paths)]
+    rows = [("trials ok", lambda r: f"{r['ok']}/{r['trials']}"),
+            ("GPU busy (mean utilisation)", lambda r: cell(r["busy_fraction"], 100, "%")),
+            ("overhead per trial, mean / max", lambda r: f"{cell(r['overhead']['overhead_s_mean'])} / "
+                                                        f"{cell(r['overhead']['overhead_s_max'])}"),
+            ("idle per trial (incl. load), mean", lambda r: cell(r["overhead"]["idle_s_mean"])),
+            ("first trial: framework / load", lambda r: f"{cell(r['overhead']['first_framework_s'][0])} / "
+                                                       f"{cell(r['overhead']['first_load_s'][0])}"),
+            ("load / train / scoring, median", lambda r: f"{cell(r['load_s_median'])} / {cell(r['train_s_median'])}"
+                                                        f" / {cell(r['eval_s_median'])}"),
+            ("sweep (first start to last end)", lambda r: cell(r["sweep_s"]))]
+    for label, value in rows:
+        lines.append(f"{label:<40}" + "".join(f"{value(result['paths'][p]):>14}" for p in paths))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--paths", default="warm,cold", help="comma-separated: warm, cold (in this order of runs)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    parser.add_argument("--trials", type=int, default=8, help="grid points (2 learning rates x trials/2 betas)")
+    parser.add_argument("--steps", type=int, default=200, help="optimiser steps per trial")
+    parser.add_argument("--eval-limit", type=int, default=400, help="ARC-Easy questions scored per trial")
+    parser.add_argument("--tokenizer", default="smollm2-135m", help="registry name or local tokenizer directory")
+    parser.add_argument("--work", default="gpu_utilization_run", help="directory for the sweeps' configs and stores")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before a sweep is stopped and the "
+                        "trials finished so far are summarised")
+    parser.add_argument("--out", default="gpu_utilization.json")
+    args = parser.parse_args()
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or set(paths) - {"warm", "cold"}:
+        parser.error(f"--paths: expected warm and/or cold, got {args.paths!r}")
+    work = Path(args.work).resolve()
+    result = {"date": time.strftime("%Y-%m-%d"), "device": _device(), "shape": args.shape, "trials": args.trials,
+              "steps": args.steps, "eval_limit": args.eval_limit, "paths": {}}
+    for path in paths:
+        print(f"[sweep_gpu_utilization] {path} sweep", flush=True)
+        result["paths"][path] = run_path(args, work / path, warm=path == "warm")
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))  # what has run so far
+    print("\n" + table(result))
+    failed = {p: r["launch_exit_code"] for p, r in result["paths"].items() if r["launch_exit_code"] != 0}
+    if failed:
+        raise SystemExit(f"sweeps that did not end cleanly (launch exit codes): {failed}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Score a causal LM on multiple-choice tasks and measure its calibration: ``evaluate_model``, which a trial's
-worker and the ``calsweep evaluate`` command (``trainable.evaluate_cli``) call; ``apply_overrides`` edits tasks.
+worker and the ``calsweep evaluate`` command (``trainable.evaluate``) call; ``apply_overrides`` edits tasks.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig]
                    data_dir: str | Path | None = None, limit: int | None = None, batch_size: int = 8,
                    batch_tokens: int | None = None, progress: bool = True, heldout: bool = False, n_bins: int = 15,
                    n_boot: int = 0, share_prefix: bool = True,
-                   attention: Sequence[SDPBackend] | None = None, plan_cache: str | Path | None = None,
+                   attention: Sequence[SDPBackend] | None = None, prompt_cache: str | Path | None = None,
                    ats_head: "TemperatureHead | None" = None) -> EvalResult:
     """Score ``tasks`` (the first ``limit`` questions of each) and summarise accuracy and calibration.
 
     The model is put in eval mode and restored afterwards. With ``heldout=True`` each task's ``fit_split`` is
     scored too (same ``limit``), a temperature is fitted on it and the ``*_ts`` metrics are reported.
     ``n_boot > 0`` adds percentile-bootstrap intervals. ``attention`` (the kernels a trial's attention check kept;
-    None: any) narrows the scorer's own kernel set. ``plan_cache``: directory of tokenised plans reused across
-    calls with the same tokenizer and prompts (``calibration.plan_cache``; None: tokenise every time).
+    None: any) narrows the scorer's own kernel set. ``prompt_cache``: directory of tokenised plans reused across
+    calls with the same tokenizer and prompts (``calibration.prompt_cache``; None: tokenise every time).
     ``ats_head``: the same pass also scores with ATS (``calibration.ats``): records of split ``ats_split(split)``
     and the ``*_ats`` metrics.
     """
@@ -65,7 +65,7 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig]
         for part in splits:
             questions, prompts = load_prompts(part, data_dir=data_dir, limit=limit)
             options = dict(batch_size=batch_size, batch_tokens=batch_tokens, share_prefix=share_prefix,
-                           attention=attention, plan_cache=plan_cache, progress=progress,
+                           attention=attention, prompt_cache=prompt_cache, progress=progress,
                            desc=f"{part.name}/{part.split}")
             if ats_head is None:
                 tables.append(build_records(part.name, part.split, questions, prompts,

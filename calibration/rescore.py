@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from calibration.cli import fail
+from common.usage_error import fail
 from calibration.lm_eval_samples import read_samples, samples_files
 from calibration.records import read_records, read_store_questions
 from calibration.report import format_table, write_diagrams, write_summary

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 import kernels
 from calibration.prompts import Prompt
-from calibration.plan_cache import cached_plan
+from calibration.prompt_cache import cached_groups
 from calibration.requests import Group, Read, Row
 
 if TYPE_CHECKING:  # calibration.ats imports this module
@@ -64,10 +64,10 @@ class OutputLayer(NamedTuple):
 def score_prompts(model: Any, tokenizer: Any, prompts: Sequence[Prompt], *, batch_size: int = 8,
                   batch_tokens: int | None = None, share_prefix: bool = True, progress: bool = False,
                   desc: str = "scoring", attention: Sequence[SDPBackend] | None = None,
-                  plan_cache: str | Path | None = None) -> list[np.ndarray]:
+                  prompt_cache: str | Path | None = None) -> list[np.ndarray]:
     """Summed log-likelihood of every continuation of every prompt: ``[array(n_choices) per prompt]``.
-    ``plan_cache``: a directory where tokenised plans are kept across calls (``calibration.plan_cache``)."""
-    groups = cached_plan(tokenizer, prompts, share_prefix=share_prefix, directory=plan_cache)
+    ``prompt_cache``: a directory where tokenised plans are kept across calls (``calibration.prompt_cache``)."""
+    groups = cached_groups(tokenizer, prompts, share_prefix=share_prefix, directory=prompt_cache)
     return score_plan(model, groups, [len(p.continuations) for p in prompts], batch_size=batch_size,
                       batch_tokens=batch_tokens, progress=progress, desc=desc, attention=attention)
 
@@ -75,11 +75,11 @@ def score_prompts(model: Any, tokenizer: Any, prompts: Sequence[Prompt], *, batc
 def score_prompts_with_ats(model: Any, tokenizer: Any, prompts: Sequence[Prompt], head: "TemperatureHead", *,
                            batch_size: int = 8, batch_tokens: int | None = None, share_prefix: bool = True,
                            progress: bool = False, desc: str = "scoring",
-                           attention: Sequence[SDPBackend] | None = None, plan_cache: str | Path | None = None
+                           attention: Sequence[SDPBackend] | None = None, prompt_cache: str | Path | None = None
                            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """``(score_prompts(...), the same with ATS)`` from one pass: each log-likelihood term also read with its
     token's logits divided by ``head``'s temperature."""
-    groups = cached_plan(tokenizer, prompts, share_prefix=share_prefix, directory=plan_cache)
+    groups = cached_groups(tokenizer, prompts, share_prefix=share_prefix, directory=prompt_cache)
     plain, scaled = _score(model, groups, [len(p.continuations) for p in prompts], batch_size, batch_tokens,
                            progress, desc, attention, head)
     return plain, scaled

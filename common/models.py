@@ -217,10 +217,11 @@ def load_pretrained(name_or_path: str, *, dtype: torch.dtype = torch.float32, de
 
 
 def model_facts(model: torch.nn.Module) -> dict[str, int]:
-    """Real params, vocabulary size and hidden size of a loaded causal LM."""
+    """Real params, vocabulary size, hidden size and decoder layers of a loaded causal LM."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return {
         "n_params": sum(p.numel() for p in model.parameters()),
         "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
         "hidden_size": int(config.hidden_size),
+        "n_layers": int(config.num_hidden_layers),
     }

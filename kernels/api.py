@@ -6,6 +6,7 @@ the environment variable TRITON_INTERPRET=1 the Triton kernels run on CPU (for t
 
 from __future__ import annotations
 
+import functools
 import os
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -16,7 +17,7 @@ from kernels import reference
 from kernels._host import AsyncHostCopy
 from kernels.filter import FILTERS
 from kernels.function import Backend, LinearCrossEntropyFunction
-from kernels.plan_history import HISTORY, plan_key
+from kernels.plan_history import PlanHistory, plan_key
 
 _REDUCTIONS = ("mean", "sum", "none")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -116,6 +117,7 @@ def linear_cross_entropy(
     softcap: float | None = None,
     return_stats: bool = False,
     filter: str = "exact",
+    plan_history: PlanHistory | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, LCEStats]:
     """F.cross_entropy(hidden @ weight.T, targets, label_smoothing=..., ...) without the (N, V) logits.
 
@@ -128,9 +130,10 @@ def linear_cross_entropy(
     block of 128 tokens skips its trailing vocabulary tiles while their mass sums to at most B per token: "exact"
     B = 2^-10 for 16-bit inputs (under their rounding; float32: every tile), "loose" B = 2^-8, "none" every tile.
     The loss and the target and label-smoothing parts of the gradient are never filtered. Without gradients the
-    forward does no filter work. Where a plan keeps so much that the backward runs dense (a flat softmax, a small
-    vocabulary), the next 15 calls of that head shape and filter skip planning (every tile computed) and the 16th
-    plans again (kernels/plan_history.py).
+    forward does no filter work. With ``plan_history`` (the caller's, kernels/plan_history.py), where a plan keeps so
+    much that the backward runs dense (a flat softmax, a small vocabulary), the next 15 calls of that head shape and
+    filter skip planning (every tile computed) and the 16th plans again; without it every call with gradients plans.
+    The call keeps no state of its own.
     Bad input raises ValueError; on CUDA with gradients required, an out-of-range target raises in backward().
     """
     _validate(hidden, weight, targets, label_smoothing, ignore_index, reduction, softcap, filter)
@@ -144,12 +147,16 @@ def linear_cross_entropy(
     # CUDA: with gradients, the check raises at the end of the backward (no host sync in the forward)
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     backward_check = check if hidden.is_cuda and wants_grad else None
-    run_filter = "none"  # without gradients no filter work; with them, none while the last plan went dense
-    if wants_grad:
-        run_filter = HISTORY.filter_for(plan_key(weight, filter)) if backend is not TORCH_BACKEND else filter
+    run_filter, plan_verdict = "none", None  # without gradients no filter work
+    if wants_grad:  # with them, none while the history's last plan for this head went dense
+        run_filter = filter
+        if plan_history is not None and backend is not TORCH_BACKEND:
+            key = plan_key(weight, filter)
+            run_filter, plan_verdict = plan_history.filter_for(key), functools.partial(plan_history.record, key)
     loss, lse, target_prob, max_prob = LinearCrossEntropyFunction.apply(
         flat_hidden, weight, flat_targets, backend, float(label_smoothing), int(ignore_index),
         None if softcap is None else float(softcap), run_filter, backward_check, wants_grad and weight.requires_grad,
+        plan_verdict,
     )
     if hidden.is_cuda:  # queued behind the forward kernels
         check.start()

@@ -42,43 +42,11 @@ from kernels import forward
 from kernels._host import AsyncHostCopy
 from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
 from kernels.filter import pieces as filter_pieces
-from kernels.plan_history import HISTORY, plan_key
+from kernels.tuning import GATHER_BUFFER_BYTES, PREFIX_SHARE, STAIRCASE_MAX_SHARE, BackwardTiles
 
 
-@dataclass(frozen=True)
-class BackwardTiles:
-    extra_bytes: int = 136 << 20  # dZ chunk + float32 dE accumulator: 84 MiB at D = 640, 136 MiB at D = 2304
-    dz_elements: int = 1 << 25  # largest dZ chunk (chunk rows x chunk_vocab): 64 MiB in bf16
-    chunk_vocab: int = 4096  # multiple of block_v; dE is read and written once per vocabulary chunk
-    workspace_vocab: int = 32768  # widest vocabulary chunk whose dZ lives in dC's unwritten rows (dense path)
-    dz_block_v: int = 256  # vocabulary width of a dZ recompute tile; divides the filter tile (forward block_v)
-    # dZ tiles of a chunk taken in groups this wide over all its rows: a wave of 132 tiles reads ~16 row blocks of E
-    # and 8 tiles of C (18.9 MB at D = 2304), which stay in L2. Paper shape on an H100 (2026-11-26, ab16): the dZ
-    # kernels of a step 10.74 ms at 8 (10.71 at 4: 24 MB) against 11.25 at 16 (~8 row blocks x 16 tiles, 23.6 MB)
-    dz_group_v: int = 8
-    dz_stages: int = 3
-    # rows of a program of the kept logits' conversion (x one forward tile): on an H100 (2026-11-25) 8 rows and
-    # 4 warps convert the paper shape's 8 chunks in 0.81 ms (2.65 TB/s), 128 rows in 1.36
-    kept_rows: int = 8
-    kept_warps: int = 4
+TILES = BackwardTiles()  # kernels.tuning's; tests swap in small ones
 
-
-TILES = BackwardTiles()
-
-# The staircase runs where the plan keeps at most this share of the tiles; above it the dense path (in the natural
-# orders: no gathers) costs less than what the filter would save. Measured on an H100 (2026-11-25, real rows):
-# Gemma-3-270M keeping 45% ran faster filtered (17-19 ms against 20-21), SmolLM2-135M keeping 80-86% slower (7.6-8.8
-# against 5.5); 0.6 lies between.
-STAIRCASE_MAX_SHARE = 0.6
-# Bytes of the buffer of gathered head rows (then the piece's dC rows, sorted vocabulary) a filtered backward holds:
-# the widest piece (76 tiles at D = 640 in bf16). Gemma-3-270M's real rows (H100, 2026-11-25): 15.3 ms fwd+bwd at
-# beta 0 against 15.4 with 16 MiB (alternating rounds), 440.7 MiB in all.
-GATHER_BUFFER_BYTES = 24 << 20
-# Share of the sorted vocabulary's tiles whose pieces over every row a filtered backward queues before it waits for
-# the plan (the host would otherwise leave the GPU idle meanwhile, then issue every piece after it). Their tiles
-# past a block's K_b are zeros, as in any piece, so the result does not depend on it; what a plan that turns out
-# dense (over STAIRCASE_MAX_SHARE kept) gets is this share computed twice.
-PREFIX_SHARE = 0.08
 
 
 def prefix_tiles(vocab_tiles: int) -> int:
@@ -257,10 +225,11 @@ def weighted_colsum(x: torch.Tensor, w: torch.Tensor | None = None) -> torch.Ten
 def triton_backward(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, saved: tuple[torch.Tensor, ...],
     grad_loss: torch.Tensor, label_smoothing: float, ignore_index: int, softcap: float | None, filter: str,
-    need_hidden_grad: bool, need_weight_grad: bool,
+    need_hidden_grad: bool, need_weight_grad: bool, plan_verdict: Callable[[bool], None] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dE, dC) of sum_i g_i loss_i; see the module docstring for the decomposition and kernels/filter.py for the
-    filter (its row order and kept tiles come from the forward, in `saved`)."""
+    filter (its row order and kept tiles come from the forward, in `saved`). ``plan_verdict`` (with a plan) is told
+    whether the plan sent the backward dense."""
     lse, z_y, rest_prob, order, rows, kept, target_pos, d_weight_storage, shift = saved
     n, d = hidden.shape
     vocab = weight.shape[0]
@@ -291,7 +260,8 @@ def triton_backward(
         stairs.start(weight, d_weight, uniform_row, acc, alpha)
         kept_host = plan.get()
         dense = kept_host.mean() > STAIRCASE_MAX_SHARE * triton.cdiv(vocab, forward.TILES.block_v)
-        HISTORY.record(plan_key(weight, filter), dense)
+        if plan_verdict is not None:
+            plan_verdict(dense)
         if not dense:
             stairs.finish(kept_host)
             return _low_rank_parts(hidden, weight, y, g, z_y, rest_prob, rows, acc, d_weight, beta, softcap)

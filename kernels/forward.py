@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -29,24 +28,11 @@ from kernels._tl_utils import dot_flags, logits_tile, softcap_fn, tma_operand
 from kernels.filter import filter_mass
 from kernels.head_sum import head_column_sum
 from kernels.plan_triton import triton_plan
+from kernels.tuning import (FINISH_BLOCK_D, FINISH_BLOCK_R, MIN_TILES_PER_PROGRAM, SPLIT_BUFFER_BYTES,
+                            ForwardTiles)
 
 
-@dataclass(frozen=True)
-class ForwardTiles:
-    block_n: int = 128  # rows per tile; also the row granularity of the gradient filter
-    block_v: int = 256  # vocabulary entries per tile; also the vocabulary granularity of the filter
-    block_k: int = 64
-    num_warps: int = 8
-    num_stages: int = 4
-    keep_vocab: int = 8192  # width of a chunk of logits kept for a dense backward (a multiple of block_v)
-    keep_stages: int = 3  # pipeline stages while kept logits leave by TMA (their 64 KiB tile needs the memory)
-    # Logits are kept where recomputing one (2 D flops) costs more than its traffic (written, read, written back:
-    # 6 bytes), D >~ 720 on an H100. Measured there (2026-11-25): the paper's shape (D = 2304) 59.8 / 60.9 ms
-    # fwd+bwd against 60.5 / 64.0; Gemma-3-270M's real rows (D = 640), filter none, 20.8 against 20.0.
-    keep_min_dim: int = 1024
-
-
-TILES = ForwardTiles()
+TILES = ForwardTiles()  # kernels.tuning's; tests swap in small ones
 
 
 def kept_chunks(n: int, vocab: int, d: int) -> int:
@@ -74,22 +60,21 @@ def _kept_chunks(n: int, vocab: int, d: int, w: int, min_dim: int) -> int:
 @triton.jit
 def _lse_forward_kernel(
     E, C, T, PERM, POS, TPOS_out, M_out, S_out, ZSUM_out, TLSE_out, KEEP_out, SHIFT_out,
-    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, tile_lo, tile_hi, split_lo, c_off, splits, group,
+    N, V, D, stride_en, stride_ed, stride_cv, stride_cd, splits, group,
     stride_tlse, keep_tiles, keep_chunk_tiles, softcap, ignore_index,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, HEAD_BY_PERM: tl.constexpr, KEEP_LOGITS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, FILTERING: tl.constexpr, KEEP_LOGITS: tl.constexpr,
     KEEP_TMA: tl.constexpr, E_TMA: tl.constexpr, C_TMA: tl.constexpr, DOT_UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, EVEN_V: tl.constexpr, SMOOTHING: tl.constexpr,
 ):
-    """Tiles [tile_lo, tile_hi) of the vocabulary positions, split among programs (split s takes tiles tile_lo + s,
-    tile_lo + s + splits, ...); results of split s go to row split_lo + s of M_out, S_out, ZSUM_out (the last with
+    """The vocabulary positions' tiles, split among programs (split s takes tiles s, s + splits, ...); results of
+    split s go to row s of M_out, S_out, ZSUM_out (the last with
     SMOOTHING only). Programs run in groups of `group` row blocks x `splits` (the last group may hold fewer row
     blocks): a wave of programs reads few row blocks' E and few tiles' C, which stay in L2. With KEEP_LOGITS,
     tile t < keep_tiles also stores its logits less each row's tile max (the target's as -inf) in chunk
     t // keep_chunk_tiles of KEEP_out (N x keep_chunk_tiles BLOCK_V each, one after another; a pointer, or with
     KEEP_TMA a descriptor of the (chunks, N, keep_chunk_tiles BLOCK_V) array) and that max in SHIFT_out[t, row] (see
-    kept_chunks). C holds the rows of positions c_off, c_off + 1, ... (the whole head, c_off = 0, or a gathered span
-    of it); with HEAD_BY_PERM it is the whole head, position j read at row PERM[j] (pointer loads). E, C: pointers,
+    kept_chunks). C is the whole head; with FILTERING position j is read at row PERM[j] (pointer loads). E, C: pointers,
     or TMA descriptors where E_TMA / C_TMA (see logits_tile). T: the raw targets; with FILTERING, POS[v] is entry
     v's position (POS[PERM[j]] = j) and each row block's first split stores its targets' positions (-1: ignored or
     out of range) in TPOS_out."""
@@ -113,14 +98,14 @@ def _lse_forward_kernel(
     s_run = tl.zeros((BLOCK_N,), dtype=tl.float32)
     z_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
     # one pipelined (tile, k) loop: loads overlap the softmax; strided, so that every split keeps as many tiles
-    for t in tl.range(tile_lo + split, tile_hi, splits, flatten=True):
+    for t in tl.range(split, tl.cdiv(V, BLOCK_V), splits, flatten=True):
         pos = t * BLOCK_V + tl.arange(0, BLOCK_V)
         col_ok = pos < V
-        c_rows = tl.minimum(pos, V - 1) - c_off
-        if HEAD_BY_PERM:  # tile positions -> vocabulary ids
+        c_rows = tl.minimum(pos, V - 1)
+        if FILTERING:  # tile positions -> vocabulary ids
             c_rows = tl.load(PERM + c_rows)
         z = logits_tile(
-            E, C, rows_c, c_rows, rblock * BLOCK_N, t * BLOCK_V - c_off, D, tl.cdiv(D, BLOCK_K), stride_en,
+            E, C, rows_c, c_rows, rblock * BLOCK_N, t * BLOCK_V, D, tl.cdiv(D, BLOCK_K), stride_en,
             stride_ed, stride_cv, stride_cd, BLOCK_N, BLOCK_V, BLOCK_K, EVEN_K, E_TMA, C_TMA, DOT_UPCAST,
             DOT_PRECISION,
         )
@@ -158,7 +143,7 @@ def _lse_forward_kernel(
             t_lse = tl.where(t_sum > 0.0, m_safe + tl.log(t_sum), t_max + tl.log(tl.zeros_like(t_max) + BLOCK_V))
             tl.store(TLSE_out + t * stride_tlse + rows, t_lse, mask=row_ok)
 
-    out = (split_lo + split) * N + rows
+    out = split * N + rows
     tl.store(M_out + out, m_run, mask=row_ok)
     tl.store(S_out + out, s_run, mask=row_ok)
     if SMOOTHING:
@@ -234,14 +219,6 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-# Bytes of per-split partial results (max, sum, logit sum: 12 bytes per token and split) the forward may hold.
-SPLIT_BUFFER_BYTES = 4 << 20
-
-
-# A program's pipeline start and result stores, spread over its tiles (the measured orders gave each 62 or more).
-MIN_TILES_PER_PROGRAM = 64
-
-
 @functools.cache
 def l2_bytes(device: torch.device) -> int:
     """The GPU's L2 cache (50 MB on an H100; the same taken under the interpreter)."""
@@ -272,24 +249,6 @@ def choose_order(n: int, row_blocks: int, vocab_tiles: int, sms: int, row_bytes:
 
     splits = min(range(1, most + 1), key=cost)
     return splits, group(splits)
-
-
-# Bytes of a contiguous copy of permuted head rows (with a filter) that one forward launch reads by TMA.
-GATHER_BYTES = 64 << 20
-# With a filter: False (default), one launch reads the head's rows through the permutation by pointer loads; True,
-# the permuted head is copied in spans of GATHER_BYTES, one launch each, read by TMA. Measured on Gemma-3-270M's real
-# rows (H100, 2026-11-25): in place the forward took 7.7-8.0 ms against 7.8-8.7 and held 40 MiB against 163.
-GATHER_HEAD = False
-
-
-def position_spans(vocab: int, row_bytes: int, block_v: int, permuted: bool) -> list[tuple[int, int]]:
-    """Vocabulary position ranges [p0, p1) that the forward launches one at a time: the whole vocabulary, read in
-    place, in the natural order; with a permutation, spans of whole tiles of at most GATHER_BYTES of head rows
-    (at least one tile), each gathered into a contiguous copy."""
-    if not permuted:
-        return [(0, vocab)]
-    rows = max(1, GATHER_BYTES // (row_bytes * block_v)) * block_v
-    return [(p0, min(vocab, p0 + rows)) for p0 in range(0, vocab, rows)]
 
 
 def triton_forward(
@@ -335,16 +294,8 @@ def triton_forward(
         order = torch.argsort(torch.mv(weight, mean_hidden).float(), descending=True)
         position = torch.empty_like(order).scatter_(0, order, torch.arange(vocab, device=dev))
         target_pos = torch.empty_like(targets)  # written by the kernel (-1: ignored or out of range)
-    # (span, first tile, end tile, splits, row blocks per group, first split) of each launch
-    launches, total_splits = [], 0
-    by_perm = filtering and not GATHER_HEAD
-    for p0, p1 in position_spans(vocab, d * weight.element_size(), t.block_v, filtering and not by_perm):
-        tile_lo, tile_hi = p0 // t.block_v, triton.cdiv(p1, t.block_v)
-        splits, group = choose_order(n, row_blocks, tile_hi - tile_lo, num_sms(dev), d * weight.element_size(),
-                                     l2_bytes(dev))
-        launches.append(((p0, p1), tile_lo, tile_hi, splits, group, total_splits))
-        total_splits += splits
-    m_part = torch.empty(total_splits, n, dtype=torch.float32, device=dev)
+    splits, group = choose_order(n, row_blocks, vocab_tiles, num_sms(dev), d * weight.element_size(), l2_bytes(dev))
+    m_part = torch.empty(splits, n, dtype=torch.float32, device=dev)
     s_part, zsum_part = torch.empty_like(m_part), torch.empty_like(m_part)
     padded = row_blocks * t.block_n
     # (tiles, padded N) float32: 32 MiB at N = 8192, V = 262144, freed at the end of the forward
@@ -358,16 +309,16 @@ def triton_forward(
         kept_region = d_weight_storage[vocab * d - chunks * t.keep_vocab * n :].view(chunks, n, t.keep_vocab)
         keep_arg, keep_tma = tma_operand(kept_region, [1, t.block_n, t.block_v])
     e_arg, e_tma = tma_operand(hidden, [t.block_n, t.block_k])
-    for (p0, p1), tile_lo, tile_hi, splits, group, split_lo in launches if n > 0 else ():
-        head = weight if not filtering or by_perm else weight.index_select(0, order[p0:p1])  # row j: position p0 + j
-        c_arg, c_tma = (head, False) if by_perm else tma_operand(head, [t.block_v, t.block_k])
+    # with a filter the head's rows are read through the permutation by pointer loads, else by TMA where it can
+    c_arg, c_tma = (weight, False) if filtering else tma_operand(weight, [t.block_v, t.block_k])
+    if n > 0:
         _lse_forward_kernel[(row_blocks * splits,)](
             e_arg, c_arg, targets, order if filtering else targets, position, target_pos, m_part, s_part, zsum_part,
             tile_lse if filtering else m_part, keep_arg, shift if chunks else m_part,
-            n, vocab, d, *hidden.stride(), *head.stride(), tile_lo, tile_hi, split_lo, p0, splits, group,
+            n, vocab, d, *hidden.stride(), *weight.stride(), splits, group,
             padded, keep_tiles, t.keep_vocab // t.block_v, softcap or 1.0, ignore_index,
             BLOCK_N=t.block_n, BLOCK_V=t.block_v, BLOCK_K=t.block_k, EVEN_K=d % t.block_k == 0, FILTERING=filtering,
-            HEAD_BY_PERM=by_perm, KEEP_LOGITS=chunks > 0, KEEP_TMA=keep_tma, E_TMA=e_tma, C_TMA=c_tma,
+            KEEP_LOGITS=chunks > 0, KEEP_TMA=keep_tma, E_TMA=e_tma, C_TMA=c_tma,
             EVEN_V=vocab % t.block_v == 0, SMOOTHING=label_smoothing > 0.0 and not sum_by_head,
             num_warps=t.num_warps, **tl_args,
             # float32: 96 KiB a stage; a TMA store of kept logits: 64 KiB of shared memory more
@@ -387,11 +338,11 @@ def triton_forward(
     z_y, loss, lse, target_prob, max_prob, rest_prob = (torch.empty(n, dtype=torch.float32, device=dev)
                                                          for _ in range(6))
     if n > 0:  # one kernel: the target logits, the splits combined, loss and statistics (~25 torch ops before)
-        _finish_kernel[(triton.cdiv(n, 16),)](
+        _finish_kernel[(triton.cdiv(n, FINISH_BLOCK_R),)](
             hidden, weight, head_sum, targets, m_part, s_part, zsum_part, y, z_y, loss, lse, target_prob, max_prob,
             rest_prob,
-            n, vocab, d, total_splits, *hidden.stride(), *weight.stride(), softcap or 1.0, ignore_index,
-            1.0 - label_smoothing, label_smoothing / vocab, BLOCK_R=16, BLOCK_D=128,
+            n, vocab, d, splits, *hidden.stride(), *weight.stride(), softcap or 1.0, ignore_index,
+            1.0 - label_smoothing, label_smoothing / vocab, BLOCK_R=FINISH_BLOCK_R, BLOCK_D=FINISH_BLOCK_D,
             HAS_SOFTCAP=softcap is not None, SMOOTHING=label_smoothing > 0.0, SUM_BY_HEAD=sum_by_head,
         )
     rows = kept = torch.empty(0, dtype=torch.int64, device=dev)

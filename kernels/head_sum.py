@@ -12,8 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_R, BLOCK_D = 32, 256  # a 16 KiB bf16 tile per load
-PROGRAMS_PER_SM = 4
+from kernels.tuning import HEAD_SUM_BLOCK_D as BLOCK_D, HEAD_SUM_BLOCK_R as BLOCK_R, HEAD_SUM_PROGRAMS_PER_SM
 
 
 @triton.jit
@@ -39,7 +38,7 @@ def head_column_sum(weight: torch.Tensor, sms: int) -> torch.Tensor:
     """sum_v weight[v, :] as a float32 (D,) tensor (deterministic: the same order every call)."""
     vocab, d = weight.shape
     col_blocks = max(1, triton.cdiv(d, BLOCK_D))
-    programs = max(1, min(triton.cdiv(vocab, BLOCK_R), PROGRAMS_PER_SM * sms // col_blocks))
+    programs = max(1, min(triton.cdiv(vocab, BLOCK_R), HEAD_SUM_PROGRAMS_PER_SM * sms // col_blocks))
     rows_per_program = triton.cdiv(triton.cdiv(vocab, programs), BLOCK_R) * BLOCK_R
     programs = triton.cdiv(vocab, rows_per_program)
     partial = torch.empty(programs, d, dtype=torch.float32, device=weight.device)

@@ -17,9 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-CUTOFF_BLOCK_I = 32  # tokens per program: one 128-byte line of each tile row
-CUTOFF_BLOCK_T = 128  # tiles per step
-KEPT_ELEMENTS = 8192  # (tiles x tokens) masses per step of a block's walk: many loads in flight
+from kernels.tuning import CUTOFF_BLOCK_I, CUTOFF_BLOCK_T, KEPT_ELEMENTS
 
 
 @triton.jit

@@ -11,6 +11,8 @@ Ignored tokens (y_i == ignore_index) have loss 0 and gradient 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -86,9 +88,11 @@ def chunked_backward(
     filter: str,
     need_hidden_grad: bool,
     need_weight_grad: bool,
+    plan_verdict: Callable[[bool], None] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients (dE, dC) of sum_i g_i loss_i, recomputing each chunk's logits; dense, so exact whatever
-    `filter` asks (a chunk of logits costs the same with or without skipped tiles)."""
+    `filter` asks (a chunk of logits costs the same with or without skipped tiles): no plan, so no
+    `plan_verdict`."""
     n, vocab = hidden.shape[0], weight.shape[0]
     (lse,) = saved
     cdt = _compute_dtype(hidden.dtype)

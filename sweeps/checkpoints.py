@@ -5,12 +5,19 @@ Ray Train continues a run of the same name and storage from its latest checkpoin
 (``FailureConfig``), a ``--resume``d sweep and a re-run of a failed trial all do. A run whose checkpoints come from
 another config (an edited sweep under the same name, ``--rerun-changed``) or another number of workers is deleted
 before the trial runs, so that the trial starts afresh instead of continuing someone else's training.
+
+A warm trial (``sweeps.warm_trial``: no Ray Train) keeps its checkpoints in the same folder, with the same names,
+through ``persist`` and ``latest``, so that a retried, resumed or re-run warm trial continues the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import json
-from typing import Any
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
 
 import pyarrow.fs as pafs
 
@@ -49,3 +56,47 @@ def discard_stale(storage_path: str, name: str, trial: TrialConfig, workers: int
             fs.delete_dir(run)
             return fingerprint.describe(changed)
     return None
+
+
+def _checkpoint_folders(fs: pafs.FileSystem, run: str) -> list[str]:
+    """The run's complete checkpoint folders (with a ``trial.json``), oldest first."""
+    folders = [info.path for info in fs.get_file_info(pafs.FileSelector(run, allow_not_found=True))
+               if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_")]
+    return sorted(f for f in folders if fs.get_file_info(f"{f}/{TRIAL_FILE}").type == pafs.FileType.File)
+
+
+def persist(storage_path: str, name: str, directory: Path, keep: int) -> str:
+    """Copy a local checkpoint folder into the trial's run ``name`` as ``checkpoint_<UTC time>`` (the naming of Ray
+    Train's), ``trial.json`` last: a folder without it is incomplete and never resumed; then delete all but the
+    newest ``keep`` complete ones and any incomplete leftover. Returns the stored folder."""
+    fs, base = filesystem(storage_path)
+    run = f"{base}/{name}"
+    target = f"{run}/checkpoint_{dt.datetime.now(dt.timezone.utc):%Y-%m-%d_%H-%M-%S.%f}"
+    local = pafs.LocalFileSystem()
+    files = sorted((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.name == TRIAL_FILE)
+    for path in files:
+        destination = f"{target}/{path.relative_to(directory).as_posix()}"
+        fs.create_dir(destination.rsplit("/", 1)[0], recursive=True)
+        pafs.copy_files(str(path), destination, source_filesystem=local, destination_filesystem=fs)
+    complete = _checkpoint_folders(fs, run)
+    for info in fs.get_file_info(pafs.FileSelector(run, allow_not_found=True)):
+        stale = info.path in complete[:-keep] or (info.path not in complete and info.path != target)
+        if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_") and stale:
+            fs.delete_dir(info.path)
+    return target
+
+
+@contextlib.contextmanager
+def latest(storage_path: str, name: str) -> Iterator[Path | None]:
+    """The run's newest complete checkpoint as a local folder (a download of a remote one, removed on exit), or
+    None when it has none."""
+    fs, base = filesystem(storage_path)
+    folders = _checkpoint_folders(fs, f"{base}/{name}")
+    if not folders:
+        yield None
+    elif isinstance(fs, pafs.LocalFileSystem):
+        yield Path(folders[-1])
+    else:
+        with tempfile.TemporaryDirectory(prefix="calsweep-resume-") as local:
+            pafs.copy_files(folders[-1], local, source_filesystem=fs)
+            yield Path(local)

@@ -2,7 +2,7 @@
 
     calsweep launch [--config FILE] [KEY.SUB=VALUE ...]    run a sweep (sweeps.launch; also python sweeps/launch.py)
     calsweep analyze RESULTS [--filter ...] [--out DIR]    the paper's tables and figures from a store (sweeps.analyze)
-    calsweep evaluate --model NAME [--tasks ...] [--ats]   score a model without SFT (trainable.evaluate_cli)
+    calsweep evaluate --model NAME [--tasks ...] [--ats]   score a model without SFT (trainable.evaluate)
     calsweep rescore SOURCE [--temperature fit] [...]      metrics again from stored log-likelihoods (calibration.rescore)
 
 A subcommand takes exactly its entry point's arguments (``calsweep launch --help`` lists them); the exit status is
@@ -20,7 +20,7 @@ from common.config import suggest
 COMMANDS = {  # name -> (module whose main(argv, prog) runs it, what it does)
     "launch": ("sweeps.launch", "run a label-smoothing calibration sweep (Ray Tune x DeepSpeed)"),
     "analyze": ("sweeps.analyze", "the paper's tables and figures from a results store"),
-    "evaluate": ("trainable.evaluate_cli", "score a model's calibration without SFT, optionally with an ATS head"),
+    "evaluate": ("trainable.evaluate", "score a model's calibration without SFT, optionally with an ATS head"),
     "rescore": ("calibration.rescore", "recompute metrics from stored log-likelihoods (no model)"),
 }
 

@@ -44,9 +44,12 @@ class ResourcesConfig:
     gpus_per_worker: float | str | None = None
     probe_margin: float = 1.3  # auto: the fraction asked is the probe's peak memory x this, over the GPU's memory
     max_concurrent_trials: int | None = None  # null: GPUs // gpus per trial (at least 1)
-    # retries of a crashed trial before it is recorded as failed: by Ray Train (a worker died), and by Tune (the
-    # trial's driver died, e.g. with its node); either resumes from the last checkpoint
+    # Ray Tune's retries of a failed or crashed trial (a worker, its driver or its node died) before it is recorded
+    # as failed; each resumes from the trial's last checkpoint
     max_failures: int = 1
+    # one-worker trials run in Tune actors kept warm across trials (sweeps.warm_trial); false: a Ray Train worker
+    # group of one per trial, started and stopped with it
+    warm_trials: bool = True
 
 
 @dataclass(frozen=True)

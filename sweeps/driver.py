@@ -1,11 +1,14 @@
-"""The Ray Tune function of one trial: it drives a Ray Train ``TorchTrainer`` and records the outcome.
+"""The Ray Tune function of one trial: it runs the trial, warm or through Ray Train, and records the outcome.
 
-Pattern of Ray Train V2 + Tune: Tune runs ``trial_driver(params)`` per grid point; the driver builds the
-trial's ``TorchTrainer`` (one or more workers running ``trainable.worker.train_fn_per_worker``), forwards
-worker reports to Tune (``TuneReportCallback``), and writes the trial's row (ok, or failed with its error)
-to the results store. A trial already stored as ok is not run again (resume) if its stored config matches the
-current one (``sweeps.fingerprint``); one from another config is refused, or re-run with ``rerun_changed``.
-The trainer's checkpoints go to the results storage (the newest ``train.checkpoints_to_keep`` kept); a retried,
+Tune runs ``trial_driver(params)`` per grid point with ``trial_resources(params)``. A one-worker trial (with
+``resources.warm_trials``) runs in the Tune actor itself, which Tune keeps for the next trial
+(``sweeps.warm_trial``); any other follows the pattern of Ray Train V2 + Tune: the driver builds the trial's
+``TorchTrainer`` (workers running ``trainable.worker.train_fn_per_worker``) and forwards worker reports to Tune
+(``TuneReportCallback``). Either way the driver writes the trial's row (ok, or failed with its error) to the
+results store; Tune's ``FailureConfig`` retries a failed trial (a Ray Train run gets no retries of its own). A
+trial already stored as ok is not run again (resume) if its stored config matches the current one
+(``sweeps.fingerprint``); one from another config is refused, or re-run with ``rerun_changed``.
+The trial's checkpoints go to the results storage (the newest ``train.checkpoints_to_keep`` kept); a retried,
 resumed or re-run trial continues from the latest of its config (``sweeps.checkpoints``).
 """
 
@@ -19,15 +22,12 @@ import socket
 from typing import Any
 
 from calibration.summary import metric_columns
-from sweeps import checkpoints, fingerprint, store
+from sweeps import checkpoints, fingerprint, store, warm_trial
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
 from trainable.config import TrialConfig
+from trainable.result import ENTROPY_STATS, scalar_columns
 
-ROW_KEYS_FROM_METRICS = ("train_loss", "train_loss_plain", "train_loss_first", "val_loss", "train_confidence", "train_steps",
-                         "resumed_from_step",
-                         "train_tokens", "tokens_per_s", "precision", "attention", "device", "world_size",
-                         "model_source", "model_location", "wall_load_s", "wall_train_s", "wall_eval_s",
-                         "wall_total_s", "model_path", "node_id") + store.ENTROPY_COLUMNS
+DRIVER_CPUS = 0.001  # a Ray Train trial's Tune function only waits on its TorchTrainer
 
 
 def _now() -> dt.datetime:
@@ -51,19 +51,18 @@ def one_line(error: BaseException) -> str:
 
 def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any], status: str,
               error: str | None, started: dt.datetime, provenance: dict[str, str]) -> dict[str, Any]:
-    """One row of ``store.trial_schema()`` for a finished (or failed) trial; a reported ``<task>_<metric>`` of one of
-    the trial's tasks whose metric is not in ``calibration.summary.TASK_METRICS`` is a ValueError."""
+    """One row of ``store.trial_schema()`` for a finished (or failed) trial: its identity and config, then the
+    ``TrialResult`` in ``metrics`` (absent fields null); a reported ``<task>_<metric>`` of one of the trial's tasks
+    whose metric is not in ``calibration.summary.TASK_METRICS`` is a ValueError."""
     trial = sweep.trial(sweep.point(params))
     row: dict[str, Any] = {
         "run_name": sweep.name, "trial_id": trial.trial_id, "status": status, "error": error,
         "family": trial.family, "sft_dataset": trial.sft.dataset, "learning_rate": trial.learning_rate,
         "label_smoothing": trial.label_smoothing, "seed": trial.seed,
         "config_json": store.config_json(trial.to_dict()),
-        "n_params": metrics.get("model_n_params"), "vocab_size": metrics.get("model_vocab_size"),
-        "hidden_size": metrics.get("model_hidden_size"),
         "started_at": started, "finished_at": _now(), "hostname": socket.gethostname(), **provenance,
     }
-    row.update({key: metrics.get(key) for key in ROW_KEYS_FROM_METRICS})
+    row.update({key: metrics.get(key) for key in scalar_columns() + ENTROPY_STATS})  # trainable.result.TrialResult
     reported = {name for name in metrics if name.startswith(tuple(f"{task}_" for task in trial.eval.tasks))}
     unknown = sorted(reported - set(metric_columns(trial.eval.tasks)))
     if unknown:  # a metric the store has no column for fails the trial rather than vanish from its row
@@ -80,6 +79,13 @@ def scaling_config(sweep: SweepConfig, family: str):
     gpus = resources.gpus_per_worker or 0
     return ScalingConfig(num_workers=workers_for(sweep, family), use_gpu=gpus > 0,
                          resources_per_worker={"CPU": resources.cpus_per_worker or 1, **({"GPU": gpus} if gpus else {})})
+
+
+def trial_resources(params: dict[str, Any]) -> dict[str, float]:
+    """What a trial's Tune actor holds: a warm trial's actor the worker's CPUs and GPU; a Ray Train trial's driver
+    next to nothing (its workers hold theirs)."""
+    sweep = sweep_from_dict(params["sweep"])
+    return warm_trial.actor_resources(sweep) if warm_trial.wanted(sweep, params["family"]) else {"CPU": DRIVER_CPUS}
 
 
 def worker_env(sweep: SweepConfig) -> dict[str, str]:
@@ -111,37 +117,12 @@ def needs_run(sweep: SweepConfig, trial: TrialConfig, rerun_changed: bool) -> bo
     return True
 
 
-LAUNCHED_AT_ENV = "CALSWEEP_LAUNCHED_AT"  # the launch's start (ISO time), set for every process of its Ray job
-
-
-class TrialFailedError(RuntimeError):
-    """The trial failed earlier in this launch, after Ray Train's retries: Tune's retry does not train it again."""
-
-
-def failed_this_launch(sweep: SweepConfig, trial: TrialConfig, launched_at: str | None) -> str | None:
-    """The error of the trial's failed row if a driver of this launch (started at ``launched_at``, ISO time) stored
-    it, else None. Tune retries a trial whose driver raised as well as one whose driver died with its node; only the
-    second needs training again (from the checkpoint): the first has spent Ray Train's retries already."""
-    stored = store.stored_trial(sweep.results_dir, sweep.name, trial.trial_id)
-    if launched_at is None or stored is None or stored["status"] != "failed" or stored["started_at"] is None:
-        return None
-    return stored["error"] if stored["started_at"] >= dt.datetime.fromisoformat(launched_at) else None
-
-
 def trial_driver(params: dict[str, Any]) -> None:
-    """Run one grid point as a TorchTrainer; record ok/failed in the store; re-raise failures for Tune."""
+    """Run one grid point (warm, or as a TorchTrainer); record ok/failed in the store; re-raise failures for Tune."""
     import ray.tune
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig
-    from ray.train.torch import TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    from trainable.worker import train_fn_per_worker
 
     sweep = sweep_from_dict(params["sweep"])
     trial = sweep.trial(sweep.point(params))
-    error = failed_this_launch(sweep, trial, os.environ.get(LAUNCHED_AT_ENV))
-    if error is not None:
-        raise TrialFailedError(error)
     if not needs_run(sweep, trial, params.get("rerun_changed", False)):
         ray.tune.report({"phase": "done", "resumed_from_store": True})
         return
@@ -150,24 +131,38 @@ def trial_driver(params: dict[str, Any]) -> None:
     stale = checkpoints.discard_stale(params["storage_path"], name, trial, workers_for(sweep, trial.family))
     if stale:
         print(f"[calsweep] {trial.trial_id}: checkpoints of another config removed ({stale})", flush=True)
+    try:
+        if warm_trial.wanted(sweep, trial.family):
+            metrics = warm_trial.run(sweep, trial, params["storage_path"], name, store.trial_writers())
+        else:
+            metrics = _fit(sweep, trial, params["storage_path"], name)
+        row = trial_row(sweep, params, metrics, "ok", None, started, params["provenance"])
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then surfaced to Tune
+        store.write_trial(sweep.results_dir, trial_row(sweep, params, {}, "failed", one_line(exc), started,
+                                                        params["provenance"]))
+        raise
+    store.write_trial(sweep.results_dir, row)
+
+
+def _fit(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: str) -> dict[str, Any]:
+    """Run the trial as a TorchTrainer (run ``name`` under ``storage_path``); its final metrics."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from trainable.worker import train_fn_per_worker
+
     trainer = TorchTrainer(
         functools.partial(train_fn_per_worker, writers=store.trial_writers()),
         train_loop_config=trial.to_dict(),
         scaling_config=scaling_config(sweep, trial.family),
         run_config=RunConfig(
             name=name,
-            storage_path=params["storage_path"],
-            failure_config=FailureConfig(max_failures=sweep.resources.max_failures),
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=0),  # Tune's FailureConfig retries, from the run's checkpoint
             checkpoint_config=CheckpointConfig(num_to_keep=sweep.train.checkpoints_to_keep),
             callbacks=[TuneReportCallback()],
             worker_runtime_env={"env_vars": worker_env(sweep)},
         ),
     )
-    try:
-        result = trainer.fit()
-        row = trial_row(sweep, params, result.metrics or {}, "ok", None, started, params["provenance"])
-    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then surfaced to Tune
-        store.write_trial(sweep.results_dir, trial_row(sweep, params, {}, "failed", one_line(exc), started,
-                                                        params["provenance"]))
-        raise
-    store.write_trial(sweep.results_dir, row)
+    return trainer.fit().metrics or {}

@@ -25,9 +25,8 @@ from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, s
 from sweeps.layout_report import layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
 from sweeps.run_lock import RunLockedError, run_lock
-
-
-DRIVER_CPUS = 0.001  # a trial's Tune function only waits on its TorchTrainer
+from sweeps.driver import DRIVER_CPUS
+from trainable.result import TrialResult
 
 
 PROG = "python sweeps/launch.py"  # the name usage and help show; `calsweep launch` passes its own
@@ -81,7 +80,7 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
     """Fill the config's null resources from the cluster: GPUs per worker, CPUs per worker, concurrency. GPUs per
     worker ``auto`` is 0 on a CPU-only cluster, else ``probe(sweep)`` (default: ``packing.probe_fraction``, a
     measured one-step memory probe per family)."""
-    from sweeps.packing import probe_fraction
+    from sweeps.gpu_sharing import probe_fraction
 
     r = sweep.resources
     gpus_total, cpus_total = int(cluster.get("GPU", 0)), max(1, int(cluster.get("CPU", 1)))
@@ -107,17 +106,19 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
 
 
 def summary_table(results_dir: str, run_name: str, tasks: tuple[str, ...]) -> str:
-    """The run's trials as a fixed-width table: family, lr, beta, seed, the final step's label-smoothed loss and
-    its plain cross-entropy (comparable across betas), then acc/ECE/RMS per task."""
+    """The run's trials as a fixed-width table: family, lr, beta, seed, then from each row's ``TrialResult`` the
+    final step's label-smoothed loss and its plain cross-entropy (comparable across betas), and acc/ECE/RMS per
+    task."""
     rows = sorted(store.read_trials(results_dir, run_name).to_pylist(),
                   key=lambda r: (r["family"], r["learning_rate"], r["label_smoothing"], r["seed"]))
     header = ["family", "lr", "beta", "seed", "status", "train_loss", "plain_loss"] + [
         f"{t}_{m}" for t in tasks for m in ("acc", "ece", "rms")]
     lines = [header]
     for row in rows:
+        result = TrialResult.from_metrics(row)
         cells = [row["family"], f"{row['learning_rate']:g}", f"{row['label_smoothing']:g}", str(row["seed"]),
-                 row["status"], _fmt(row["train_loss"]), _fmt(row.get("train_loss_plain"))]
-        cells += [_fmt(row.get(f"{t}_{m}")) for t in tasks for m in ("accuracy", "ece", "rms_ce")]
+                 row["status"], _fmt(result.train_loss), _fmt(result.train_loss_plain)]
+        cells += [_fmt(result.task_metrics.get(f"{t}_{m}")) for t in tasks for m in ("accuracy", "ece", "rms_ce")]
         lines.append(cells)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines)
@@ -163,20 +164,21 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     from ray import tune
 
     from sweeps import search, tracking
-    from sweeps.driver import LAUNCHED_AT_ENV, _now, trial_driver
+    from sweeps.driver import trial_driver, trial_resources
     from sweeps.progress import StoreRecorder, TrialProgress, settle_stopped
     from common.provenance import git_revision, package_versions
 
     if not verbose:  # Tune's legacy console at verbose=0 prints nothing; its newer one still draws a table
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    quiet = {"log_to_driver": verbose, "logging_level": "warning" if verbose else "error",
-             "runtime_env": {"env_vars": {LAUNCHED_AT_ENV: _now().isoformat()}}}  # every trial driver of this launch
+    quiet = {"log_to_driver": verbose, "logging_level": "warning" if verbose else "error"}
     if address:
         context = ray.init(address=address, **quiet)
     else:
-        # always with the dashboard, on a free port: Ray Train frees the workers' resources of a trial Tune stopped or
-        # lost through its State API; without it (8265 taken by another Ray) a long ASHA search stalls on leaked CPUs
-        context = ray.init(include_dashboard=True, dashboard_port=_free_port(), configure_logging=True, **quiet)
+        # a Ray of our own ("local": never silently the one a `ray start` on this machine left in /tmp/ray), always
+        # with the dashboard on a free port: Ray Train frees the workers' resources of a trial Tune stopped or lost
+        # through its State API; without it (8265 taken by another Ray) a long ASHA search stalls on leaked CPUs
+        context = ray.init(address="local", include_dashboard=True, dashboard_port=_free_port(),
+                           configure_logging=True, **quiet)
     if not verbose:  # a failed trial is one FAILED line, not Tune's traceback; no Optuna INFO line ('study created')
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
         if sweep.search.method == "optuna":
@@ -200,7 +202,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     param_space = {**search.search_space(sweep), "sweep": sweep_to_dict(sweep), "storage_path": storage_path,
                    "rerun_changed": rerun_changed,
                    "provenance": {"package_versions": package_versions(), "git_rev": git_revision()}}
-    trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
+    trainable = tune.with_resources(trial_driver, trial_resources)
     experiment = f"{storage_path}/{sweep.name}"
 
     def callbacks() -> list:  # fresh ones for each Tuner
@@ -217,7 +219,8 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=sweep.resources.max_concurrent_trials, num_samples=search.num_samples(sweep),
                 search_alg=search.search_algorithm(sweep), scheduler=search.scheduler(sweep),
-                trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep)),
+                trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep),
+                reuse_actors=True),  # a warm trial's actor (process, CUDA context, compiled graphs) serves the next
             # Tune restarts a trial whose driver died (its node lost): it resumes from its last checkpoint
             run_config=tune.RunConfig(name=sweep.name, storage_path=storage_path, verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=sweep.resources.max_failures),
@@ -246,8 +249,8 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
     driver stores the new row (ok, or failed again). Resources are no result setting: the row is a normal one."""
     from ray import tune
 
-    from sweeps.driver import trial_driver
-    from sweeps.packing import alone as run_alone, out_of_memory
+    from sweeps.driver import trial_driver, trial_resources
+    from sweeps.gpu_sharing import alone as run_alone, out_of_memory
     from sweeps.progress import TrialProgress
 
     rows = [row for row in store.read_trials(sweep.results_dir, sweep.name).to_pylist()
@@ -258,7 +261,7 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
     print(f"Retrying {len(rows)} trial(s) that ran out of GPU memory while sharing, alone "
           f"({alone.resources.gpus_per_worker:g} GPU per worker, one trial at a time): "
           f"{', '.join(row['trial_id'] for row in rows)}", flush=True)
-    trainable = tune.with_resources(trial_driver, {"CPU": DRIVER_CPUS})
+    trainable = tune.with_resources(trial_driver, trial_resources)
     for row in rows:
         point = {"family": row["family"], "learning_rate": row["learning_rate"],
                  "label_smoothing": row["label_smoothing"], "seed": row["seed"]}
@@ -268,8 +271,8 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
                                         trial_dirname_creator=_trial_name(alone)),
             run_config=tune.RunConfig(name=f"{sweep.name}-alone-{row['trial_id']}",
                                       storage_path=param_space["storage_path"], verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=alone.resources.max_failures),
                                       callbacks=[TrialProgress(alone, 1), *callbacks()]))
-        store.remove_trial(sweep.results_dir, sweep.name, row["trial_id"])  # else its driver takes it as this launch's
         tuner.fit()
 
 

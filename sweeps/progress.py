@@ -8,6 +8,8 @@ from typing import Any
 
 from ray.tune import Callback
 
+from trainable.result import TrialResult
+
 
 def sweep_eta(elapsed: dict[str, float], fractions: dict[str, float | None], durations: list[float],
               pending: int, concurrency: int) -> float | None:
@@ -45,7 +47,8 @@ def trial_error(trial: Any) -> str:
 class TrialProgress(Callback):
     """One line per trial event: start, training progress (as the workers report it, every ``train.log_every``
     steps, at most one line per trial every ``every_s``) with tokens/s and the sweep's ETA, a resume from a
-    checkpoint (a retried or resumed trial's first report), done with its metrics,
+    checkpoint (a retried or resumed trial's first report), done with its ``TrialResult`` (losses, steady tokens/s
+    and MFU, each task's accuracy and ECE),
     skipped (already stored ok), failed with its one-line error and where Tune keeps the traceback. Lines start
     with ``[calsweep finished/total]``."""
 
@@ -112,10 +115,15 @@ class TrialProgress(Callback):
             self._say(f"skip {trial}: already stored ok with this config")
             return
         self.durations.append(seconds)
-        parts = [f"{'done' if 'train_steps' in result else 'stopped early'} {trial} in {seconds:.0f} s",
+        outcome = TrialResult.from_metrics(result)  # a stopped trial's last training report: its fields None
+        parts = [f"{'done' if outcome.train_steps is not None else 'stopped early'} {trial} in {seconds:.0f} s",
                  f"loss {_losses(result)}"]
-        parts += [f"{task} acc {result[f'{task}_accuracy']:.3f} ece {result[f'{task}_ece']:.3f}"
-                  for task in self.sweep.eval.tasks if f"{task}_accuracy" in result]
+        if outcome.tokens_per_s_steady is not None:
+            parts.append(f"{outcome.tokens_per_s_steady:.0f} tok/s steady"
+                         + (f" (MFU {100 * outcome.mfu:.1f}%)" if outcome.mfu is not None else ""))
+        scored = outcome.task_metrics
+        parts += [f"{task} acc {scored[f'{task}_accuracy']:.3f} ece {scored[f'{task}_ece']:.3f}"
+                  for task in self.sweep.eval.tasks if f"{task}_accuracy" in scored]
         self._say("  ".join(parts + [f"sweep ETA {self._eta(time.time())}"]))
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:

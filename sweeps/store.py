@@ -27,53 +27,36 @@ import pyarrow.parquet as pq
 
 from calibration import records as calibration_records
 from calibration import summary
-from calibration.entropy_floor import STATS as ENTROPY_COLUMNS
 from calibration.task_config import TASKS
+from trainable.result import ENTROPY_STATS as ENTROPY_COLUMNS, column_types
 
 SCHEMA_VERSION = 1
 
-_TRIAL_FIELDS: list[pa.Field] = [
+_ARROW_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
+
+_IDENTITY_FIELDS: list[pa.Field] = [  # who ran what, with which config and code
     pa.field("schema_version", pa.int32()),
     pa.field("run_name", pa.string()),
     pa.field("trial_id", pa.string()),
     pa.field("status", pa.string()),  # ok | failed | stopped (early-stopped by the scheduler)
     pa.field("error", pa.string()),
     pa.field("family", pa.string()),
-    pa.field("model_source", pa.string()),
-    pa.field("model_location", pa.string()),
-    pa.field("n_params", pa.int64()),
-    pa.field("vocab_size", pa.int64()),
-    pa.field("hidden_size", pa.int64()),
     pa.field("sft_dataset", pa.string()),
     pa.field("learning_rate", pa.float64()),
     pa.field("label_smoothing", pa.float64()),
     pa.field("seed", pa.int64()),
     pa.field("config_json", pa.string()),
-    pa.field("train_loss", pa.float64()),
-    pa.field("train_loss_plain", pa.float64()),  # -log p(target) of the last step's tokens: beta-free (nullable)
-    pa.field("train_loss_first", pa.float64()),
-    pa.field("val_loss", pa.float64()),
-    pa.field("train_confidence", pa.float64()),
-    pa.field("train_steps", pa.int64()),
-    pa.field("resumed_from_step", pa.int64()),  # steps its last attempt took from a checkpoint (0: none)
-    pa.field("train_tokens", pa.int64()),
-    pa.field("tokens_per_s", pa.float64()),
-    pa.field("precision", pa.string()),
-    pa.field("attention", pa.string()),  # attention kernels the trial trained with (trainable.attention_check)
-    pa.field("device", pa.string()),
-    pa.field("world_size", pa.int64()),
-    pa.field("wall_load_s", pa.float64()),
-    pa.field("wall_train_s", pa.float64()),
-    pa.field("wall_eval_s", pa.float64()),
-    pa.field("wall_total_s", pa.float64()),
     pa.field("started_at", pa.timestamp("us", tz="UTC")),
     pa.field("finished_at", pa.timestamp("us", tz="UTC")),
     pa.field("package_versions", pa.string()),  # JSON object: package -> version
     pa.field("git_rev", pa.string()),
     pa.field("hostname", pa.string()),
-    pa.field("node_id", pa.string()),  # the Ray node its rank 0 trained on (null in older files and failed rows)
-    pa.field("model_path", pa.string()),  # the trained model's Hugging Face folder (train.save_model), else null
 ]
+
+
+def result_fields() -> list[pa.Field]:
+    """A column per scalar field of ``trainable.result.TrialResult`` (its documentation says what each holds)."""
+    return [pa.field(name, _ARROW_TYPES[kind]) for name, kind in column_types().items()]
 
 
 def metric_columns() -> tuple[str, ...]:
@@ -84,10 +67,12 @@ def metric_columns() -> tuple[str, ...]:
 
 
 def trial_schema() -> pa.Schema:
-    """One row per trial: the trial's config and outcome, its metric columns (``metric_columns``), then the eq. 14
-    floor's inputs (null in older files). Built from the registries when called, so a task registered at run time
-    has its columns."""
-    fields = _TRIAL_FIELDS + [pa.field(name, pa.float64()) for name in metric_columns() + ENTROPY_COLUMNS]
+    """One row per trial: its identity and config, its ``TrialResult`` (``result_fields``, then the metric columns
+    ``metric_columns`` and the eq. 14 floor's inputs). Built from the registries when called, so a task registered
+    at run time has its columns. Columns added after schema version 1 was first written read as null in older
+    files."""
+    fields = _IDENTITY_FIELDS + result_fields() + [pa.field(name, pa.float64())
+                                                   for name in metric_columns() + ENTROPY_COLUMNS]
     return pa.schema(fields, metadata={"calsweep_schema_version": str(SCHEMA_VERSION)})
 
 

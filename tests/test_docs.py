@@ -4,7 +4,9 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = [REPO / "README.md", REPO / "kernels" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+# docs/results/<date>/ holds what the analysis wrote that day (its notes name the code of then): not checked
+PAGES = [REPO / "README.md", REPO / "kernels" / "README.md",
+         *sorted(p for p in (REPO / "docs").rglob("*.md") if (REPO / "docs" / "results") not in p.parents)]
 # a repository path in backticks (from the repository root): `docs/...`, `kernels/...`, ...; `{a,b}` expanded
 CITED = re.compile(r"`((?:docs|kernels|benchmarks|sweeps|tests|trainable|calibration|common)/[A-Za-z0-9_.{},/-]+)`")
 # a relative Markdown link (from the page's folder), its #anchor dropped

@@ -5,6 +5,7 @@ A checkpoint is one directory (Ray Train merges every rank's files into it):
     deepspeed/trial/...   DeepSpeed's own checkpoint: model states, each rank's ZeRO optimizer shard, LR schedule
     loop.json             the loop's position (rank 0): optimiser steps done, losses so far, tokens
     rng_rank<r>.pt        rank r's Python, NumPy and torch RNG states (dropout draws continue where they were)
+    plan_history_rank<r>.json  rank r's fused head's plan history (kernels/plan_history.py: which filters skip planning)
     trial.json            the trial's config and workers (rank 0): a checkpoint of another config is not resumed
 
 The final report's checkpoint holds ``final_metrics.json`` and ``questions.parquet`` (the per-question records)
@@ -23,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from kernels.plan_history import PlanHistory
 
 DEEPSPEED_DIR, TAG = "deepspeed", "trial"
 LOOP_FILE, TRIAL_FILE, FINAL_FILE, QUESTIONS_FILE = "loop.json", "trial.json", "final_metrics.json", "questions.parquet"
@@ -62,12 +65,13 @@ def write_trial_record(directory: Path, trial_config: dict[str, Any], world_size
 
 
 def save(engine, directory: Path, state: LoopState, trial_config: dict[str, Any], rank: int,
-         world_size: int) -> None:
+         world_size: int, plan_history: PlanHistory) -> None:
     """Write this rank's part of a checkpoint into ``directory`` (a local folder of its own). Every rank must call
     it at the same step: DeepSpeed's save is collective (each rank writes its ZeRO shard)."""
     (directory / DEEPSPEED_DIR).mkdir(parents=True, exist_ok=True)
     engine.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=TAG)
     torch.save(_rng_states(), directory / f"rng_rank{rank}.pt")
+    (directory / f"plan_history_rank{rank}.json").write_text(json.dumps(plan_history.state()))
     if rank == 0:
         (directory / LOOP_FILE).write_text(json.dumps(asdict(state)))
         write_trial_record(directory, trial_config, world_size)
@@ -79,13 +83,16 @@ def loop_state(directory: Path) -> LoopState | None:
     return LoopState(**json.loads(path.read_text())) if path.is_file() else None
 
 
-def restore(engine, directory: Path, rank: int) -> None:
-    """Load the checkpoint's weights, optimizer shards and LR schedule into ``engine`` and this rank's RNG states.
-    Every rank calls it, with the merged checkpoint (all ranks' files) at ``directory``."""
+def restore(engine, directory: Path, rank: int) -> PlanHistory:
+    """Load the checkpoint's weights, optimizer shards and LR schedule into ``engine`` and this rank's RNG states;
+    return this rank's plan history (empty from a checkpoint written before it was saved). Every rank calls it, with
+    the merged checkpoint (all ranks' files) at ``directory``."""
     loaded, _ = engine.load_checkpoint(str(directory / DEEPSPEED_DIR), tag=TAG)
     if loaded is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint at {directory / DEEPSPEED_DIR}")
     _set_rng_states(torch.load(directory / f"rng_rank{rank}.pt", weights_only=False))
+    history = directory / f"plan_history_rank{rank}.json"
+    return PlanHistory.from_state(json.loads(history.read_text())) if history.is_file() else PlanHistory()
 
 
 class CheckpointSchedule:

@@ -75,13 +75,13 @@ class TrainConfig:
     warmup_ratio: float = 0.03  # fraction of the steps with a linear learning-rate warmup
     schedule: str = "cosine"  # cosine | linear | constant
     max_grad_norm: float = 1.0  # gradient clipping norm
-    dropout: float | None = None  # sets the model's attention/hidden dropout when given
+    dropout: float | None = None  # the model config's attention_dropout when given (hidden dropout stays the model's)
     loss_impl: str = "fused"  # fused: kernels.linear_cross_entropy | torch: logits + F.cross_entropy
     loss_filter: str = "exact"  # the kernel's gradient filter (kernels/filter.py): exact (2^-10) | loose (2^-8) | none
     activation_checkpointing: bool | int | str = "auto"  # layers recomputed in backward: true, false, k, auto (fewest)
     compile: bool | None = None  # torch.compile each decoder layer; null: on CUDA only (CPU compiles take minutes)
     pad_to_multiple: int | None = None  # right-pad batches to a multiple of this width; null: 64 on CUDA, 1 on CPU
-    pack: bool | None = None  # several examples per fixed-width row (trainable/packing.py); null: on CUDA only
+    pack: bool | None = None  # several examples per fixed-width row (trainable/sequence_packing.py); null: on CUDA only
     pack_length: int | None = None  # packed row width in tokens; null: sft.max_seq_len rounded up to pad_to_multiple
     attention_check: bool = True  # before step 1: train with attention kernels that match the math kernel
     log_every: int = 10  # optimiser steps between progress reports (each one syncs the workers with Ray Train)

@@ -31,8 +31,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from trainable.throughput import PEAK_BF16_FLOPS, training_flops_per_token
+
 GIB = 2**30
-PEAK_BF16_FLOPS = 989e12  # H100 / H200 SXM dense bf16: the MFU denominator
+PEAK_FLOPS = PEAK_BF16_FLOPS["NVIDIA H100 80GB HBM3"]  # the MFU denominator of RECORDED_MFU (H100 = H200 SXM)
 NCCL_BUFFER_BYTES = 1.5 * GIB  # communication buffers of a multi-GPU trial (module docstring)
 CUDA_CONTEXT_BYTES = 1.0 * GIB  # CUDA context, NCCL and cuBLAS workspaces outside PyTorch's allocator
 ALLOCATOR_SLACK = 0.06  # fragmentation of the caching allocator: reserved memory over the peak allocated
@@ -81,9 +83,10 @@ class ModelShape:
         return (self.params - self.vocab * self.hidden * (1 if self.tied else 2)) // self.layers
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 x (non-embedding params + the head) + 12 L h T (attention scores)."""
-        return 6 * (self.params - (self.vocab * self.hidden if not self.tied else 0)) \
-            + 12 * self.layers * self.hidden * seq_len
+        """Training FLOPs per token (``trainable.throughput``) of the weights that multiply: all but an untied
+        input embedding (a lookup)."""
+        return training_flops_per_token(self.params - (0 if self.tied else self.vocab * self.hidden), self.layers,
+                                        self.hidden, seq_len)
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,7 @@ def gpu_hours(shape: ModelShape, layout: Layout, tokens: float, seq_len: int) ->
     """Predicted GPU-hours to train ``tokens`` tokens: tokens x FLOPs per token / (MFU x peak) x recompute."""
     mfu = RECORDED_MFU.get((layout.zero_stage, layout.workers > 1), RECORDED_MFU[(2, True)])
     recompute = 1 + layout.checkpointed / (3 * shape.layers)
-    return tokens * shape.flops_per_token(seq_len) * recompute / (mfu * PEAK_BF16_FLOPS) / 3600
+    return tokens * shape.flops_per_token(seq_len) * recompute / (mfu * PEAK_FLOPS) / 3600
 
 
 def with_layout(train: Any, layout: Layout, shape: ModelShape | None = None) -> Any:

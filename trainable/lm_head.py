@@ -14,12 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from kernels.plan_history import PlanHistory
 
 IGNORE_INDEX = -100
 
 
 class FusedLMHead(nn.Module):
-    """logits = hidden @ W^T (optionally softcapped); with targets: the fused label-smoothed loss."""
+    """logits = hidden @ W^T (optionally softcapped); with targets: the fused label-smoothed loss. The head owns
+    its gradient filter's plan history (``plan_history``, kernels/plan_history.py), saved with a trial's checkpoint
+    (trainable.checkpointing)."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None = None, softcap: float | None = None):
         super().__init__()
@@ -27,6 +30,7 @@ class FusedLMHead(nn.Module):
             raise ValueError("expected an lm_head without bias (the fused loss has no bias term), got a bias")
         self.weight = weight
         self.softcap = softcap
+        self.plan_history = PlanHistory()
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, *, label_smoothing: float = 0.0,
                 loss_impl: str = "fused", reduction: str = "mean", filter: str = "exact",
@@ -41,7 +45,8 @@ class FusedLMHead(nn.Module):
         if loss_impl == "fused":
             loss, stats = kernels.linear_cross_entropy(hidden, self.weight, targets, label_smoothing=label_smoothing,
                                                        ignore_index=IGNORE_INDEX, softcap=self.softcap,
-                                                       reduction=reduction, return_stats=True, filter=filter)
+                                                       reduction=reduction, return_stats=True, filter=filter,
+                                                       plan_history=self.plan_history)
             plain = -torch.log(stats.target_prob.flatten())
             return loss, _masked_mean(stats.max_prob.flatten(), kept), _masked_reduce(plain, kept, reduction)
         logits = self.forward(hidden)
@@ -81,7 +86,7 @@ class CausalLMWithFusedLoss(nn.Module):
     sum / loss_divisor: the trial loop passes (response tokens of the whole optimiser step, all micro-batches and
     ranks) / (micro-batches x ranks), so after DeepSpeed's averaging over both the gradient is that of the mean
     over every response token of the step, however they are spread over micro-batches.
-    With ``position_ids`` (packed rows, ``trainable.packing``) the attention mask is not passed: the decoder
+    With ``position_ids`` (packed rows, ``trainable.sequence_packing``) the attention mask is not passed: the decoder
     finds the examples from the position restarts and keeps them apart.
     ``plain_loss`` accumulates, over training forwards, the plain cross-entropy -log p(target) (no smoothing) of
     the same tokens scaled like the returned loss, so that betas can be compared; ``take_plain_loss`` hands it over

@@ -34,7 +34,7 @@ from jinja2 import TemplateError
 
 from common.datasource import DataSourceError, load_hub_dataset, resolve_data_dir
 from common.disk_cache import cache_key, cached_pickle, file_sha256
-from calibration.plan_cache import tokenizer_fingerprint
+from calibration.prompt_cache import tokenizer_fingerprint
 from trainable.config import SFTConfig
 
 IGNORE_INDEX = -100

@@ -17,7 +17,8 @@ import tempfile
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -33,12 +34,14 @@ from trainable.export import save_hf_model
 from trainable.config import TrialConfig
 from trainable.fault_injection import die_if_due, oom_if_due
 from trainable.lm_head import CausalLMWithFusedLoss
-from common.models import cache_dir, load_model, load_tokenizer, model_facts, resolve_model
+from trainable.result import TrialResult
+from common.models import ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_cache_counts, prepare_node, ray_node_id
 from trainable.recompute import checkpointed_count, recomputed_layers
-from trainable.packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
+from trainable.sequence_packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 from trainable.step_accounting import StepClock, global_mean_loss, optimizer_step, warmup_step_count
+from trainable.throughput import model_flops_utilization, training_flops_per_token
 from trainable.zero3_scoring import scoring_model
 
 
@@ -127,34 +130,70 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     None). ``resume_from``: a checkpoint folder (every rank's files) to continue from, with the same data order,
     learning-rate schedule, optimizer state and RNG states; a final one is reported again without training.
     torch.distributed must be initialised (Ray Train does it; tests use a one-rank gloo group).
+    The final metrics are ``TrialResult.metrics()`` (trainable.result) with phase "done".
     """
-    from calibration.evaluate import evaluate_model
-    from calibration.prompt_states import evaluation_entropy_stats
-
     if resume_from is not None and (resume_from / checkpointing.FINAL_FILE).is_file():
         return _report_finished(trial, resume_from, rank, report, writers)
+    started = time.time()
+    setup = set_up(trial, device, rank, world_size, resume_from)
+    trained = train(trial, setup, device, rank, world_size, report, report_checkpoint)
+    model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model) if trial.train.save_model \
+        else None
+    scored = score(trial, setup, device, rank, world_size, writers)
+    result = trial_result(setup, trained, scored, device, world_size, model_path, time.time() - started)
+    final = {"phase": "done", "step": setup.total_steps, "total_steps": setup.total_steps, **result.metrics()}
+    if report_checkpoint is None:
+        report(final)
+    elif rank != 0:
+        report_checkpoint(final, None)
+    else:  # the final metrics travel with a checkpoint (what Ray's Result.metrics keeps), the questions with them
+        with tempfile.TemporaryDirectory(prefix="calsweep-final-") as directory:
+            _write_final(Path(directory), final, scored.records, trial, world_size)
+            report_checkpoint(final, Path(directory))
+    return final
+
+
+@dataclass
+class TrialSetup:
+    """What ``set_up`` hands the training and scoring phases."""
+
+    spec: ModelSpec
+    tokenizer: Any
+    model: torch.nn.Module  # the Hugging Face model (inside ``wrapped``, inside ``engine``)
+    facts: dict[str, int]  # common.models.model_facts, taken before ZeRO-3 partitions the weights
+    wrapped: CausalLMWithFusedLoss
+    engine: Any  # deepspeed.DeepSpeedEngine
+    precision: str
+    batches: Iterator[dict[str, torch.Tensor]]  # this rank's micro-batches from the resumed step on
+    held_out: list[dict]  # validation examples
+    pad_to: int  # rows padded to a multiple of this
+    row_width: int  # tokens per row at most: the packed width, else sft.max_seq_len
+    total_steps: int
+    start: int  # the step training resumes after (0: from the start)
+    resumed: checkpointing.LoopState | None
+    attention: AttentionChoice
+    load_s: float
+
+
+def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
+           resume_from: Path | None) -> TrialSetup:
+    """Seed, load the model and the SFT data, build the DeepSpeed engine and this rank's batches, check the attention
+    kernels on the first batch and restore ``resume_from``'s checkpoint (after the check: whatever its probe draws,
+    training goes on with the checkpoint's RNGs)."""
+    started = time.time()
     resumed = checkpointing.loop_state(resume_from) if resume_from is not None else None
     start = resumed.step if resumed else 0
-    started = time.time()
     prepare_node(cache_dir(), device)  # compiled graphs shared by the node's trials; no DeepSpeed op built
     seed_everything(trial.seed)
     spec = resolve_model(trial.family, trial.custom_specs())
     tokenizer = load_tokenizer(spec, trial.custom_specs())
     model = load_model(spec, seed=trial.seed, device=device, **_dropout_overrides(trial.train.dropout))
     facts = model_facts(model)
-    examples = build_sft_examples(trial.sft, tokenizer, trial.seed, trial.data_dir, cache=cache_dir() / "sft")
-    held_out = examples[len(examples) - trial.train.val_examples:] if trial.train.val_examples else []
-    examples = examples[: len(examples) - len(held_out)]
-    if not examples:
-        raise ValueError(f"expected at least one SFT example with response tokens, got 0 "
-                         f"(max_examples={trial.sft.max_examples}, max_seq_len={trial.sft.max_seq_len})")
+    examples, held_out = _sft_examples(trial, tokenizer)
     pad_to = trial.train.pad_to_multiple or (64 if device.type == "cuda" else 1)
     pack_width = (packed_width(trial.sft.max_seq_len, trial.train.pack_length, pad_to)
                   if pack_wanted(trial.train.pack, device) else None)
-    epoch_batches = (packed_row_count(examples, pack_width, trial.seed) if pack_width else len(examples))
-    per_epoch = steps_per_epoch(epoch_batches, trial.train.micro_batch_size,
-                                trial.train.gradient_accumulation_steps, world_size)
-    total_steps = trial.train.max_steps or max(1, math.ceil(trial.train.epochs * per_epoch))
+    total_steps = _total_steps(trial, examples, pack_width, world_size)
     if resumed and resumed.total_steps != total_steps:
         raise ValueError(f"expected a checkpoint of a {total_steps}-step trial to resume, got one of "
                          f"{resumed.total_steps} steps at {resume_from}")
@@ -164,13 +203,13 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
 
     oom_if_due(rank, trial.results_dir, trial.run_name, trial.trial_id)
     engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
-    accumulation = trial.train.gradient_accumulation_steps
+    skip = start * trial.train.gradient_accumulation_steps
     if pack_width:
         batches = iterate_packed_batches(examples, trial.train.micro_batch_size, pack_width, tokenizer.pad_token_id,
-                                         trial.seed, rank, world_size, skip=start * accumulation)
+                                         trial.seed, rank, world_size, skip=skip)
     else:
         batches = iterate_batches(examples, trial.train.micro_batch_size, tokenizer.pad_token_id, trial.seed,
-                                  rank, world_size, pad_to, skip=start * accumulation)
+                                  rank, world_size, pad_to, skip=skip)
     first_batch = next(batches)
     attention = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
     if trial.train.attention_check:
@@ -178,14 +217,56 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         attention = choose_attention(model, lambda: engine.module(**probe))
         if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
             print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
-    batches = itertools.chain([first_batch], batches)
-    if resumed:  # after the attention check: whatever its probe draws, training goes on with the checkpoint's RNGs
-        checkpointing.restore(engine, resume_from, rank)
+    if resumed:
+        wrapped.head.plan_history = checkpointing.restore(engine, resume_from, rank)
         if rank == 0:
             print(f"[calsweep] trial {trial.trial_id} resumes at step {start}/{total_steps} from {resume_from}",
                   flush=True)
-    load_s = time.time() - started
+    return TrialSetup(spec, tokenizer, model, facts, wrapped, engine, precision,
+                      itertools.chain([first_batch], batches), held_out, pad_to, pack_width or trial.sft.max_seq_len,
+                      total_steps, start, resumed, attention, time.time() - started)
 
+
+def _sft_examples(trial: TrialConfig, tokenizer: Any) -> tuple[list[dict], list[dict]]:
+    """The trial's SFT examples: (training, held out for validation: the last ``train.val_examples``)."""
+    examples = build_sft_examples(trial.sft, tokenizer, trial.seed, trial.data_dir, cache=cache_dir() / "sft")
+    held_out = examples[len(examples) - trial.train.val_examples:] if trial.train.val_examples else []
+    examples = examples[: len(examples) - len(held_out)]
+    if not examples:
+        raise ValueError(f"expected at least one SFT example with response tokens, got 0 "
+                         f"(max_examples={trial.sft.max_examples}, max_seq_len={trial.sft.max_seq_len})")
+    return examples, held_out
+
+
+def _total_steps(trial: TrialConfig, examples: list[dict], pack_width: int | None, world_size: int) -> int:
+    """``train.max_steps``, else ``train.epochs`` epochs of optimiser steps over the (packed) rows."""
+    rows = packed_row_count(examples, pack_width, trial.seed) if pack_width else len(examples)
+    per_epoch = steps_per_epoch(rows, trial.train.micro_batch_size, trial.train.gradient_accumulation_steps,
+                                world_size)
+    return trial.train.max_steps or max(1, math.ceil(trial.train.epochs * per_epoch))
+
+
+@dataclass
+class Training:
+    """What the training phase measured: the last step's losses and confidence, the last validation loss, tokens."""
+
+    step_loss: float
+    plain_loss: float  # of the last reported step
+    first_loss: float | None
+    confidence: float
+    val_loss: float | None
+    prior_tokens: int  # this rank's tokens before a resumed attempt
+    clock: StepClock  # this attempt's tokens and times (stopped)
+    recomputed: int  # decoder layers that recomputed their activations (train.activation_checkpointing)
+
+
+def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int, world_size: int, report: Report,
+          report_checkpoint: ReportCheckpoint | None) -> Training:
+    """The optimiser steps from ``setup.start`` to ``setup.total_steps``: one line per step below, its schedules
+    (fault injection, validation, logging, checkpoints) written out in the loop."""
+    engine, wrapped, total_steps, start, resumed = (setup.engine, setup.wrapped, setup.total_steps, setup.start,
+                                                    setup.resumed)
+    accumulation = trial.train.gradient_accumulation_steps
     engine.train()
     clock = StepClock(world_size, warmup_step_count(total_steps - start))
     schedule = checkpointing.CheckpointSchedule(trial.train.checkpoint_every_steps,
@@ -195,11 +276,11 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     confidence = resumed.confidence if resumed else math.nan
     val_loss: float | None = resumed.val_loss if resumed else None
     prior_tokens = resumed.tokens if resumed else 0
-    recomputed = checkpointed_count(trial.train.activation_checkpointing, len(decoder_layers(model)))
-    with attention.context(), recomputed_layers(model, recomputed), \
-            compiled_decoder_layers(model, compile_wanted(trial.train.compile, device)):
+    recomputed = checkpointed_count(trial.train.activation_checkpointing, len(decoder_layers(setup.model)))
+    with setup.attention.context(), recomputed_layers(setup.model, recomputed), \
+            compiled_decoder_layers(setup.model, compile_wanted(trial.train.compile, device)):
         for step in range(start + 1, total_steps + 1):
-            micro_batches = [next(batches) for _ in range(accumulation)]
+            micro_batches = [next(setup.batches) for _ in range(accumulation)]
             clock.tokens += sum(int(batch["attention_mask"].sum()) for batch in micro_batches)
             summed = optimizer_step(engine, micro_batches, device, world_size)
             plain_summed = wrapped.take_plain_loss()
@@ -212,79 +293,95 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
             confidence = float(wrapped.last_confidence)  # of this training batch: validation overwrites it
             die_if_due(step, rank, trial.results_dir, trial.run_name, trial.trial_id)
             every = trial.train.val_every
-            validate = held_out and (step == total_steps or (every and step % every == 0))
+            validate = setup.held_out and (step == total_steps or (every and step % every == 0))
             if validate:
-                val_loss = validation_loss(engine, held_out, trial.train.micro_batch_size, tokenizer.pad_token_id,
-                                           device, pad_to)
+                val_loss = validation_loss(engine, setup.held_out, trial.train.micro_batch_size,
+                                           setup.tokenizer.pad_token_id, device, setup.pad_to)
             save = report_checkpoint is not None and schedule.due(step)
             if not (validate or save or step % trial.train.log_every == 0 or step == total_steps):
                 continue
             plain_loss = global_mean_loss(plain_summed.to(device), accumulation, world_size)  # reporting steps
             metrics = {"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
-                       "train_loss_plain": plain_loss, "confidence": confidence, "lr": engine.get_lr()[0], "tokens_per_s": clock.rate(),
-                       "resumed_from_step": start, **({"val_loss": val_loss} if validate else {})}
+                       "train_loss_plain": plain_loss, "confidence": confidence, "lr": engine.get_lr()[0],
+                       "tokens_per_s": clock.rate(), "resumed_from_step": start,
+                       **({"val_loss": val_loss} if validate else {})}
             if not save:
                 report(metrics)
                 continue
             state = checkpointing.LoopState(step, total_steps, first_loss, step_loss, confidence, val_loss,
                                             prior_tokens + clock.tokens)
             with tempfile.TemporaryDirectory(prefix="calsweep-ckpt-") as directory:
-                checkpointing.save(engine, Path(directory), state, trial.to_dict(), rank, world_size)
+                checkpointing.save(engine, Path(directory), state, trial.to_dict(), rank, world_size,
+                                   wrapped.head.plan_history)
                 report_checkpoint(metrics, Path(directory))
     clock.stop()
+    return Training(step_loss, plain_loss, first_loss, confidence, val_loss, prior_tokens, clock, recomputed)
+
+
+@dataclass
+class Scores:
+    """What the scoring phase measured (rank 0; other ranks under ZeRO-3 help gather and get empty ones)."""
+
+    summary: dict[str, dict[str, float]]  # task -> metric -> value (calibration.summary)
+    records: Any  # the per-question records (pyarrow Table), or None
+    entropy: dict[str, float]  # calibration.entropy.statistics.STATS, or {}
+    eval_s: float
+
+
+def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int, world_size: int,
+          writers: TrialWriters) -> Scores:
+    """Calibration of the trained model on ``eval.tasks`` (with an ATS head where ``eval.ats`` says), its questions
+    stored (rank 0), and the entropy floor's inputs on the evaluation prompts (rank 0's scorer alone: no
+    collective, ``calibration.entropy.prompt_states``)."""
+    from calibration.entropy.prompt_states import evaluation_entropy_stats
+    from calibration.evaluate import evaluate_model
+
+    started = time.time()
+    if not trial.eval.tasks:
+        return Scores({}, None, {}, time.time() - started)
+    setup.engine.eval()
+    scorer = scoring_model(setup.model, resolved_stage(trial.train, world_size), device, rank, world_size)
+    if scorer is None:
+        return Scores({}, None, {}, time.time() - started)
+    tokenizer, backends = setup.tokenizer, setup.attention.backends
+    ats_head = trial_ats_head(scorer, tokenizer, trial, progress=rank == 0) if trial.eval.ats.enabled else None
+    result = evaluate_model(scorer, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir, limit=trial.eval.limit,
+                            batch_size=trial.eval.batch_size, batch_tokens=trial.eval.batch_tokens,
+                            n_bins=trial.eval.n_bins, heldout=trial.eval.temperature_scaling, progress=rank == 0,
+                            attention=backends, prompt_cache=cache_dir() / "prompts", ats_head=ats_head)
+    entropy = {}
+    if rank == 0:
+        writers.write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
+        entropy = evaluation_entropy_stats(scorer, tokenizer, trial.eval.tasks, data_dir=trial.data_dir,
+                                           limit=trial.eval.limit, batch_size=trial.eval.batch_size,
+                                           attention=backends)
+    del scorer
+    return Scores(result.summary, result.records, entropy, time.time() - started)
+
+
+def trial_result(setup: TrialSetup, trained: Training, scored: Scores, device: torch.device, world_size: int,
+                 model_path: str | None, total_s: float) -> TrialResult:
+    """The phases' measurements as one ``TrialResult``; throughput counts every rank's tokens."""
+    clock, facts, engine = trained.clock, setup.facts, setup.engine
     train_s = clock.stopped - clock.started
-    model_path = None
-    if trial.train.save_model:
-        model_path = save_model(model, tokenizer, trial, rank, writers.write_model)
-
-    eval_started = time.time()
-    summary: dict[str, dict[str, float]] = {}
-    records, floor = None, {}
-    if trial.eval.tasks:
-        engine.eval()
-        scorer = scoring_model(model, resolved_stage(trial.train, world_size), device, rank, world_size)
-        if scorer is not None:
-            ats_head = trial_ats_head(scorer, tokenizer, trial, progress=rank == 0) if trial.eval.ats.enabled else None
-            result = evaluate_model(scorer, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir,
-                                    limit=trial.eval.limit, batch_size=trial.eval.batch_size,
-                                    batch_tokens=trial.eval.batch_tokens, n_bins=trial.eval.n_bins,
-                                    heldout=trial.eval.temperature_scaling, progress=rank == 0,
-                                    attention=attention.backends, plan_cache=cache_dir() / "plans",
-                                    ats_head=ats_head)
-            summary, records = result.summary, result.records
-            if rank == 0:  # the floor's inputs from rank 0's scorer alone (no collective: calibration.prompt_states)
-                writers.write_questions(trial.results_dir, trial.run_name, trial.trial_id, records)
-                floor = evaluation_entropy_stats(scorer, tokenizer, trial.eval.tasks, data_dir=trial.data_dir,
-                                                 limit=trial.eval.limit, batch_size=trial.eval.batch_size,
-                                                 attention=attention.backends)
-            del scorer
-    eval_s = time.time() - eval_started
-
-    final: dict[str, Any] = {
-        "phase": "done", "step": total_steps, "total_steps": total_steps,
-        "train_loss": step_loss, "train_loss_plain": plain_loss, "train_loss_first": first_loss,
-        "train_steps": total_steps,
-        "val_loss": val_loss, "train_confidence": confidence, "resumed_from_step": start,
-        "train_tokens": (prior_tokens + clock.tokens) * world_size,
-        "tokens_per_s": clock.tokens * world_size / max(train_s, 1e-9),
-        "tokens_per_s_steady": clock.steady_rate(), "wall_warmup_s": clock.warmup_s(),
-        "precision": precision, "attention": attention.name, "device": str(device.type), "world_size": world_size,
-        **{f"model_{k}": v for k, v in facts.items()},
-        "model_source": spec.source, "model_location": spec.location,
-        "wall_load_s": load_s, "wall_train_s": train_s, "wall_eval_s": eval_s,
-        "wall_total_s": time.time() - started, "model_path": model_path, **compile_cache_counts(), **floor,
-        "node_id": ray_node_id(),
-    }
-    final.update(flat_metrics(summary))
-    if report_checkpoint is None:
-        report(final)
-    elif rank != 0:
-        report_checkpoint(final, None)
-    else:  # the final metrics travel with a checkpoint (what Ray's Result.metrics keeps), the questions with them
-        with tempfile.TemporaryDirectory(prefix="calsweep-final-") as directory:
-            _write_final(Path(directory), final, records, trial, world_size)
-            report_checkpoint(final, Path(directory))
-    return final
+    steady = clock.steady_rate()
+    flops = training_flops_per_token(facts["n_params"], facts["n_layers"], facts["hidden_size"], setup.row_width)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return TrialResult(
+        model_source=setup.spec.source, model_location=setup.spec.location, **facts,
+        train_loss=trained.step_loss, train_loss_plain=trained.plain_loss, train_loss_first=trained.first_loss,
+        val_loss=trained.val_loss, train_confidence=trained.confidence, train_steps=setup.total_steps,
+        resumed_from_step=setup.start, train_tokens=(trained.prior_tokens + clock.tokens) * world_size,
+        tokens_per_s=clock.tokens * world_size / max(train_s, 1e-9), tokens_per_s_steady=steady,
+        wall_warmup_s=clock.warmup_s(),
+        mfu=model_flops_utilization(None if steady is None else steady / world_size, flops, device_name),
+        precision=setup.precision, attention=setup.attention.name, device=str(device.type), world_size=world_size,
+        zero_stage=engine.zero_optimization_stage(), micro_batch_size=engine.train_micro_batch_size_per_gpu(),
+        gradient_accumulation_steps=engine.gradient_accumulation_steps(),
+        activation_checkpointing=trained.recomputed,
+        wall_load_s=setup.load_s, wall_train_s=train_s, wall_eval_s=scored.eval_s, wall_total_s=total_s,
+        model_path=model_path, node_id=ray_node_id(), **compile_cache_counts(),
+        task_metrics=flat_metrics(scored.summary), entropy=scored.entropy)
 
 
 def _write_final(directory: Path, final: dict[str, Any], records, trial: TrialConfig, world_size: int) -> None:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels.plan_history import PlanHistory
 
 IGNORE_INDEX = -100
 
@@ -45,10 +46,12 @@ def _combine(right: torch.Tensor, wrong: torch.Tensor, per_token: torch.Tensor, 
 
 def selective_smoothing_loss(hidden: torch.Tensor, log_temperature: torch.Tensor, weight: torch.Tensor,
                              targets: torch.Tensor, *, alpha: float = 0.5, balanced: bool = True,
-                             softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                             softcap: float | None = None,
+                             plan_history: PlanHistory | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, right) for hidden (N, D), log_temperature (N,), the output embedding weight (V, D) and targets (N,)
     (IGNORE_INDEX: not a target). ``right`` (N,) bool marks target tokens the model ranks first. The scaled rows
-    h_i / tau_i are rounded to ``weight``'s dtype for the kernel; the loss is float32 (float64 for float64 input)."""
+    h_i / tau_i are rounded to ``weight``'s dtype for the kernel; the loss is float32 (float64 for float64 input).
+    ``plan_history``: the caller's, for both kernel calls (the fit's loop owns one, kernels/plan_history.py)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"expected alpha in [0, 1], got {alpha}")
     if log_temperature.shape != targets.shape or hidden.shape[:-1] != targets.shape:
@@ -58,11 +61,12 @@ def selective_smoothing_loss(hidden: torch.Tensor, log_temperature: torch.Tensor
     scaled = (hidden.to(compute) * torch.exp(-log_temperature.to(compute))[:, None]).to(weight.dtype)
     valid = targets != IGNORE_INDEX
     onehot, stats = kernels.linear_cross_entropy(scaled, weight, targets, reduction="none", softcap=softcap,
-                                                 return_stats=True)
+                                                 return_stats=True, plan_history=plan_history)
     right = valid & (stats.target_prob >= stats.max_prob)
     wrong = valid & ~right
     half = kernels.linear_cross_entropy(scaled, weight, torch.where(wrong, targets, IGNORE_INDEX),
-                                        label_smoothing=0.5, reduction="none", softcap=softcap)
+                                        label_smoothing=0.5, reduction="none", softcap=softcap,
+                                        plan_history=plan_history)
     per_token = torch.where(right, onehot, torch.where(wrong, 2 * half - onehot, 0))
     return _combine(right, wrong, per_token, alpha, balanced), right
 

@@ -19,6 +19,7 @@ from calibration.ats.config import ATSConfig
 from calibration.ats.head import TemperatureHead
 from calibration.ats.loss import IGNORE_INDEX, selective_smoothing_loss
 from calibration.scoring import output_layer
+from kernels.plan_history import PlanHistory
 
 
 def head_inputs(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -52,6 +53,7 @@ def train_head(model: Any, head: TemperatureHead, batches: Iterator[dict[str, to
                                   weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps)))
     losses: list[float] = []
+    plan_history = PlanHistory()  # this fit's own: the SFT head's history is the trial's (trainable.lm_head)
     try:
         with tqdm(total=steps, desc="ATS head", unit="step", disable=not progress, leave=False) as bar:
             for _ in range(steps):
@@ -61,7 +63,7 @@ def train_head(model: Any, head: TemperatureHead, batches: Iterator[dict[str, to
                 keep = targets != IGNORE_INDEX
                 loss, _ = selective_smoothing_loss(hidden[keep], log_temperature[keep], layer.weight.detach(),
                                                    targets[keep], alpha=config.alpha, balanced=config.balanced,
-                                                   softcap=layer.softcap)
+                                                   softcap=layer.softcap, plan_history=plan_history)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(head.parameters(), config.max_grad_norm)

@@ -1,10 +1,10 @@
 """The entropy-gap outputs (the paper's Figure 4): each trial's measured entropy beside its eq. 14 floor.
 
-Trials that measured ``calibration.entropy_floor.STATS`` on their own head and evaluation hidden states are
+Trials that measured ``calibration.entropy.statistics.STATS`` on their own head and evaluation hidden states are
 placed on Figure 4's axes, normalised entropy gap (log |V| - H) / log |V| against hidden size D, twice: at their
 floor H = H_min(|V|, D, rho) and at their measured mean entropy H = mean_entropy (>= the floor, so its gap is
 lower). A store whose selected trials measured none of it (rows written before the columns existed) gets the
-figure as it was before: our rank bound (``calibration.rank_entropy_bound``) per model at a stated logit scale.
+figure as it was before: our rank bound (``calibration.entropy.rank_bound``) per model at a stated logit scale.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from calibration.entropy_floor import STATS
-from calibration.rank_entropy_bound import rank_entropy_floor, rank_entropy_gap
+from calibration.entropy.statistics import STATS
+from calibration.entropy.rank_bound import rank_entropy_floor, rank_entropy_gap
 from sweeps.analysis import figures
 
 TRIAL_FACTS = ["trial", "sft_dataset", "family", "label_smoothing", "learning_rate", "seed", "vocab_size",
                "hidden_size"]
-MEASURED = f"measured per trial ({', '.join(STATS)}; calibration/entropy_floor.py)"
+MEASURED = f"measured per trial ({', '.join(STATS)}; calibration/entropy/statistics.py)"
 
 
 def entropy_outputs(trials: pd.DataFrame, logit_std: float, out: Path, notes: list[str],
@@ -37,7 +37,7 @@ def entropy_outputs(trials: pd.DataFrame, logit_std: float, out: Path, notes: li
     if measured.empty:
         return _rank_bound(sized, logit_std, out, formats), (
             f"entropy gap: no selected trial stores the measured entropy columns ({', '.join(STATS)}), so "
-            f"entropy_gap.png shows our rank bound (`calibration/rank_entropy_bound.py`) at RMS centred logit sigma "
+            f"entropy_gap.png shows our rank bound (`calibration/entropy/rank_bound.py`) at RMS centred logit sigma "
             f"= {logit_std:g} per model, as before those columns existed (not the paper's eq. 14)")
     missing = sorted(set(sized["trial"]) - set(measured["trial"]))
     if missing:
@@ -48,7 +48,7 @@ def entropy_outputs(trials: pd.DataFrame, logit_std: float, out: Path, notes: li
                        entropy_gap=(log_v - rows["mean_entropy"]) / log_v).reset_index(drop=True)
     rows.to_csv(out / "entropy_gap.csv", index=False)
     return [out / "entropy_gap.csv", *figures.entropy_against_floor(rows, out / "entropy_gap.png", formats)], (
-        f"entropy gap: eq. 14 (`calibration/entropy_bound.py`) at each trial's rho = sigma_c * sigma_h_max, "
+        f"entropy gap: eq. 14 (`calibration/entropy/bound.py`) at each trial's rho = sigma_c * sigma_h_max, "
         f"{MEASURED}, beside the trial's mean next-token entropy on its evaluation prompts")
 
 

@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from calibration.entropy_bound import normalised_entropy_gap  # noqa: E402
-from calibration.rank_entropy_bound import rank_entropy_gap as rank_gap  # noqa: E402
+from calibration.entropy.bound import normalised_entropy_gap  # noqa: E402
+from calibration.entropy.rank_bound import rank_entropy_gap as rank_gap  # noqa: E402
 from calibration.reliability import HEIGHTS, SIZE, draw_reliability  # noqa: E402
 from sweeps.analysis.questions import CellQuestions  # noqa: E402
 from sweeps.analysis.tables import task_title  # noqa: E402

@@ -12,7 +12,7 @@ ones, lm-eval's acc_norm; the trial columns *_norm and the questions' loglik_nor
 trial frame's accuracy / ece / rms_ce columns hold the *_norm values, so every table and figure follows.
 A question's ``scores`` are its choices' log-likelihoods under ``score``.
 
-The trial frame always has the entropy-floor columns (``calibration.entropy_floor.STATS``); they are null in
+The trial frame always has the entropy-floor columns (``calibration.entropy.statistics.STATS``); they are null in
 rows written before trials measured them.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from calibration.entropy_floor import STATS as ENTROPY_STATS
+from calibration.entropy.statistics import STATS as ENTROPY_STATS
 from calibration.metrics import expected_calibration_error, rms_calibration_error
 from calibration.probabilities import choice_probs, pad, top_label
 from calibration.records import ats_split

@@ -9,7 +9,7 @@ def test_benchmark_runs_and_both_modes_agree(benchmark_script, model_dir, mini_d
     bench = benchmark_script("bench_prefix_sharing")
     out = tmp_path / "bench.json"
     report = bench.main(["--model", str(model_dir), "--limit", "6", "--batch-size", "4", "--device", "cpu",
-                         "--data-dir", str(mini_data), "--warmup", "2", "--plan-cache", str(tmp_path / "plans"),
+                         "--data-dir", str(mini_data), "--warmup", "2", "--prompt-cache", str(tmp_path / "plans"),
                          "--out", str(out)])
     assert json.loads(out.read_text())["n_questions"] == 6 and report["subjects"] == ["anatomy", "high_school_physics"]
     assert report["predictions_differ"] == 0 and report["max_abs_loglik_diff"] < 1e-3

@@ -1,7 +1,12 @@
-"""The utilisation benchmark's arithmetic on a hand-made store and sample file (the GPU run itself needs GPUs)."""
+"""The utilisation benchmark: its arithmetic on a hand-made store and sample file, and a real run of its warm and
+cold sweeps on the CPU (the GPU figures need GPUs)."""
 
 import datetime as dt
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,10 +36,10 @@ def test_busy_fraction_first_step_and_slot_gaps(tmp_path):
     result = bench.summarise(tmp_path, samples)
     assert result["trials"] == 4 and result["sweep_s"] == pytest.approx(105)
     assert result["busy_fraction"] == pytest.approx(0.8 * 20 / 22)
-    # 50 s in the Tune function, 44 s in the worker of which 30 + 5 trained and scored: 6 s outside + 9 s loading
-    assert result["start_to_first_step_s"]["median"] == pytest.approx(15.0)
-    assert sorted([result["end_to_next_start_s"]["median"], result["end_to_next_start_s"]["max"]]) == \
-        pytest.approx([3.5, 4.0])
+    # c and d follow a and b: gaps 3 and 4 s; each trial's 50 s span holds 43 s of load, train and scoring
+    assert result["overhead"]["overhead_s_mean"] == pytest.approx((10 + 11) / 2)
+    assert result["overhead"]["idle_s_max"] == pytest.approx(11 + 8)
+    assert result["load_s_median"] == 8.0 and result["train_s_median"] == 30.0
 
 
 def test_reads_nvidia_smi_lines(tmp_path):
@@ -43,3 +48,22 @@ def test_reads_nvidia_smi_lines(tmp_path):
     samples = bench.read_samples(path)
     assert [(gpu, util) for _, gpu, util in samples] == [(0, 37.0), (1, 0.0)]
     assert samples[1][0] - samples[0][0] == pytest.approx(0.2)
+
+
+@pytest.mark.slow
+def test_runs_warm_and_cold_sweeps_on_the_cpu(tmp_path, data_dir):
+    out = tmp_path / "util.json"
+    run = subprocess.run([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "2", "--steps", "1",
+                          "--eval-limit", "4", "--paths", "warm,cold", "--work", str(tmp_path / "work"),
+                          "--out", str(out)], capture_output=True, text=True, timeout=1200,
+                         env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    print(run.stdout[-1500:])
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and list(result["paths"]) == ["warm", "cold"]
+    for path in ("warm", "cold"):
+        figures = result["paths"][path]
+        assert figures["launch_exit_code"] == 0 and figures["ok"] == figures["trials"] == 2
+        assert figures["busy_fraction"] is None and figures["overhead"]["slots"] == 1
+        assert figures["overhead"]["overhead_s_mean"] > 0
+    assert "overhead per trial, mean / max" in run.stdout and "GPU busy" in run.stdout

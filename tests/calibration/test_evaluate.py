@@ -1,5 +1,5 @@
 """End to end on the miniature data: the seam (evaluate_model), then rescore from the stored records (the evaluate
-command line: tests/trainable/test_evaluate_cli.py)."""
+command line: tests/trainable/test_evaluate.py)."""
 
 from __future__ import annotations
 

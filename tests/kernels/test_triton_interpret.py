@@ -24,7 +24,7 @@ from triton.runtime import interpreter  # noqa: E402
 from kernels import linear_cross_entropy  # noqa: E402
 from kernels import backward, forward  # noqa: E402
 from kernels import filter as lce_filter  # noqa: E402
-from kernels import plan_history  # noqa: E402
+from kernels.plan_history import PlanHistory  # noqa: E402
 from kernels._tl_utils import tma_operand  # noqa: E402
 from kernels.head_sum import head_column_sum  # noqa: E402
 from kernels.api import select_backend  # noqa: E402
@@ -159,12 +159,12 @@ def _block_masses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     return mass.view(-1, bn, mass.shape[1]).amax(dim=1)
 
 
-@pytest.mark.parametrize(("filter_name", "beta", "dz_block_v", "dz_rows", "chunk_vocab", "gather_head"), [
-    ("loose", 0.0, 256, 128, 512, True), ("loose", 0.1, 128, 384, 512, False), ("exact", 0.0, 256, 128, 512, True),
-    ("exact", 0.1, 256, 384, 1024, True), ("exact", 0.0, 256, 128, 512, False),
+@pytest.mark.parametrize(("filter_name", "beta", "dz_block_v", "dz_rows", "chunk_vocab"), [
+    ("loose", 0.0, 256, 128, 512), ("loose", 0.1, 128, 384, 512), ("exact", 0.1, 256, 384, 1024),
+    ("exact", 0.0, 256, 128, 512),
 ])
 def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
-    filter_name: str, beta: float, dz_block_v: int, dz_rows: int, chunk_vocab: int, gather_head: bool,
+    filter_name: str, beta: float, dz_block_v: int, dz_rows: int, chunk_vocab: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The plan (kernels/filter.py) against float64 tile masses: blocks ascending by kept tiles K_b, the dropped
@@ -172,17 +172,13 @@ def test_filter_drops_its_budget_and_computes_exactly_the_kept_tiles(
     The kernel then computes exactly the float64 gradient with the dropped tiles' softmax part removed (target
     and label-smoothing parts kept), at most the budget dropped per token, within the filter's tolerance of the
     plain truth. Small chunks: several row and vocabulary chunks, later chunks kept by trailing blocks only; the
-    forward reads the sorted head in three gathered spans of one tile (GATHER_BYTES), by TMA, or (gather_head
-    False) through the permutation by pointer loads; dZ tiles half a
+    forward reads the sorted head through the permutation by pointer loads; dZ tiles half a
     filter tile wide (dz_block_v 128); filter="loose" (2^-8) and "exact" (2^-10). The dZ budget (the dense chunk
     dz_rows x chunk_vocab less the 384 x 256 hidden states, at least half of it): 128 x 256 splits the rows of a
     vocabulary tile into pieces (their dC rows summed in the second buffer); 384 x 256 takes a tile per piece;
     384 x 768 the whole staircase in one piece."""
     monkeypatch.setattr(backward, "TILES", backward.BackwardTiles(dz_elements=dz_rows * chunk_vocab,
                                                                   chunk_vocab=chunk_vocab, dz_block_v=dz_block_v))
-    monkeypatch.setattr(forward, "GATHER_BYTES", 1)
-    monkeypatch.setattr(forward, "GATHER_HEAD", gather_head)
-    assert forward.position_spans(V, 256 * 2, 256, permuted=True) == [(0, 256), (256, 512), (512, V)]
     budget = lce_filter.filter_mass(filter_name, torch.bfloat16)
     hidden, weight, targets = _mixed_case(torch.bfloat16)
     *_, (_, _, _, order, rows, kept, *_) = forward.triton_forward(hidden, weight, targets, beta, -100, None,
@@ -462,8 +458,9 @@ def test_head_column_sum(vocab: int, dim: int, dtype: torch.dtype, col_step: int
 def test_a_dense_plan_skips_planning_until_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """exact on a flat softmax (logits of std 0.15: every tile holds mass): the first call plans and its backward
     runs dense; the next PROBE_EVERY - 1 calls (3 here) plan nothing and compute every tile, as accurate as the
-    dense path; the one after plans again. Peaked rows (the plan drops nearly everything) plan at every call; so
-    does another head shape."""
+    dense path; the one after plans again; a history rebuilt from its state goes on where it was. Peaked rows (the
+    plan drops nearly everything) plan at every call; so does another head shape, and every call without a history
+    (the kernel keeps none)."""
     plans: list[int] = []
     real_plan = forward.triton_plan
 
@@ -472,15 +469,21 @@ def test_a_dense_plan_skips_planning_until_the_probe(monkeypatch: pytest.MonkeyP
         return real_plan(*args, **kwargs)
 
     monkeypatch.setattr(forward, "triton_plan", counting_plan)
-    monkeypatch.setattr(plan_history, "PROBE_EVERY", 3)
     hidden, weight, targets = make_case(N, V, D, torch.bfloat16, ignore_frac=0.1, seed=31)
     hidden = hidden * 0.05
-    kw = dict(label_smoothing=0.1)
-    truth = truth_and_torch(hidden, weight, targets, **kw)
+    kw = dict(label_smoothing=0.1, plan_history=PlanHistory(probe_every=3))
+    truth = truth_and_torch(hidden, weight, targets, label_smoothing=0.1)
     for call in range(7):
         ours = loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="exact", **kw)
         assert_accurate(ours, *truth, torch.bfloat16)
         assert len(plans) == 1 + call // 3  # calls 0, 3 and 6 plan
+    plans.clear()
+    kw["plan_history"] = PlanHistory.from_state(kw["plan_history"].state(), probe_every=3)  # as a checkpoint has it
+    loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="exact", **kw)
+    assert not plans  # call 7: the second after call 6's dense plan
+    for _ in range(2):
+        loss_and_grads(linear_cross_entropy, hidden, weight, targets, filter="exact", label_smoothing=0.1)
+    assert len(plans) == 2
     plans.clear()
     loss_and_grads(linear_cross_entropy, hidden[:, :32].contiguous(), weight[:, :32].contiguous(), targets,
                    filter="exact", **kw)

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from matplotlib.image import imread
 
-from calibration.entropy_bound import entropy_floor
-from calibration.entropy_floor import STATS as ENTROPY_STATS
+from calibration.entropy.bound import entropy_floor
+from calibration.entropy.statistics import STATS as ENTROPY_STATS
 from calibration.probabilities import choice_probs, top_label
 from calibration.summary import TASK_METRICS, task_metrics
 from calibration.temperature import fit_temperature

@@ -3,7 +3,7 @@
 import dataclasses
 from pathlib import Path
 
-from sweeps.checkpoints import discard_stale, run_name
+from sweeps.checkpoints import discard_stale, latest, persist, run_name
 from sweeps.config import load_sweep
 from trainable.checkpointing import write_trial_record
 
@@ -40,3 +40,31 @@ def test_checkpoints_of_another_config_or_world_size_are_deleted(tmp_path):
     run = _run_with_checkpoint(tmp_path / "ray", trial, world_size=2)
     assert discard_stale(str(tmp_path / "ray"), run.name, trial, 1) == "workers: stored 2, now 1"
     assert not run.exists()
+
+
+def _local_checkpoint(directory: Path, trial, step: int) -> Path:
+    (directory / "deepspeed" / "trial").mkdir(parents=True)
+    (directory / "deepspeed" / "trial" / "shard.pt").write_text(f"weights at step {step}")
+    (directory / "loop.json").write_text(f'{{"step": {step}}}')
+    write_trial_record(directory, trial.to_dict(), 1)
+    return directory
+
+
+def test_a_warm_trials_checkpoints_are_stored_whole_newest_kept_and_found(tmp_path):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    trial = sweep.trial(sweep.trial_points()[0])
+    storage, name = str(tmp_path / "ray"), run_name("tiny", trial.trial_id)
+    with latest(storage, name) as found:
+        assert found is None
+    first = persist(storage, name, _local_checkpoint(tmp_path / "a", trial, 2), keep=2)
+    leftover = tmp_path / "ray" / name / "checkpoint_2026-11-24_11-00-00.000000"  # a dead attempt's, no trial.json
+    leftover.mkdir()
+    second = persist(storage, name, _local_checkpoint(tmp_path / "b", trial, 4), keep=2)
+    assert not leftover.exists() and Path(first).is_dir()
+    with latest(storage, name) as found:
+        assert found == Path(second) and (found / "loop.json").read_text() == '{"step": 4}'
+        assert (found / "deepspeed" / "trial" / "shard.pt").read_text() == "weights at step 4"
+    third = persist(storage, name, _local_checkpoint(tmp_path / "c", trial, 6), keep=2)
+    kept = sorted(p.name for p in (tmp_path / "ray" / name).iterdir())
+    assert kept == sorted([Path(second).name, Path(third).name])
+    assert discard_stale(storage, name, trial, 1) is None  # Ray Train's reader accepts them as this config's

@@ -39,20 +39,3 @@ def test_trial_row_keeps_every_task_metric_and_refuses_an_unknown_one(tmp_path):
     assert (row["arc_easy_ece"], row["arc_easy_lettered_ece"], row["arc_easy_lettered_ece_ats"]) == (0.1, 0.2, 0.3)
     with pytest.raises(ValueError, match=r"TASK_METRICS, got \['arc_easy_ece_bootstrap'\]"):
         trial_row(sweep, params, metrics | {"arc_easy_ece_bootstrap": 0.4}, "ok", None, now, {})
-
-
-def test_a_tune_retry_trains_again_only_a_trial_whose_driver_left_no_failed_row(tmp_path):
-    from sweeps import store
-    from sweeps.driver import failed_this_launch
-
-    sweep = load_sweep(Path(__file__).with_name("tiny_sweep.yaml"), {"results_dir": str(tmp_path)})
-    trial = sweep.trial(sweep.trial_points()[0])
-    launched = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.timezone.utc)
-    assert failed_this_launch(sweep, trial, launched.isoformat()) is None  # its driver died: no row, train again
-    row = {"run_name": sweep.name, "trial_id": trial.trial_id, "status": "failed", "error": "ValueError: bad"}
-    store.write_trial(str(tmp_path), {**row, "started_at": launched + dt.timedelta(seconds=5)})
-    assert failed_this_launch(sweep, trial, launched.isoformat()) == "ValueError: bad"  # Train's retries spent
-    later = launched + dt.timedelta(hours=1)  # a --resume: a failed row of an earlier launch is run again
-    assert failed_this_launch(sweep, trial, later.isoformat()) is None
-    store.write_trial(str(tmp_path), {**row, "status": "ok", "error": None, "started_at": later})
-    assert failed_this_launch(sweep, trial, launched.isoformat()) is None

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from sweeps.config import load_sweep
 from sweeps.layout_report import layout_table, trial_tokens
-from sweeps.packing import layout_check
+from sweeps.gpu_sharing import layout_check
 
 PAPER = Path(__file__).resolve().parents[2] / "sweeps" / "configs" / "paper_alpaca.yaml"
 

@@ -73,6 +73,20 @@ def test_old_trial_files_read_with_later_columns_null(tmp_path):
     assert stored["mmlu_ece"] == 0.25 and stored["arc_easy_lettered_ece"] is None and stored["status"] == "ok"
 
 
+def test_rows_of_earlier_runs_load_with_the_trial_result_s_later_fields_null():
+    """The store of the 2026-11-23 sweep (written before tokens_per_s_steady, mfu and the layout were stored) reads
+    with its values as written and the new columns null, through the analysis loader too."""
+    from sweeps.analysis.load import load_results
+
+    root = str(Path(__file__).parents[2] / "docs" / "results" / "2026-11-23" / "store")
+    rows = store.read_trials(root).to_pylist()
+    assert len(rows) == 18 and all(r["status"] == "ok" and r["mmlu_ece"] is not None for r in rows)
+    assert all(r[name] is None for r in rows for name in ("tokens_per_s_steady", "mfu", "zero_stage",
+                                                           "activation_checkpointing"))
+    trials = load_results(root).trials
+    assert len(trials) == 18 and trials["mfu"].isna().all() and trials["n_params"].notna().all()
+
+
 def test_remove_trial_deletes_its_row_and_questions_only(tmp_path):
     for trial in ("a", "b"):
         store.write_trial(str(tmp_path), _row(trial))

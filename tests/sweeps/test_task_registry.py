@@ -48,8 +48,8 @@ def test_a_registered_task_is_sweepable_stored_shown_and_analysed(monkeypatch, d
         loglik = [rng.normal(size=len(q.choices)) * (2.0 - 10 * point.label_smoothing) for q in questions]
         records = build_records(NEW.name, NEW.split, questions, prompts, loglik)
         summary, _ = summarize(records, split_of={NEW.name: NEW.split})
-        metrics = {"phase": "done", "train_steps": 2, "train_loss": 2.0, "model_vocab_size": 49152,
-                   "model_hidden_size": 64, "model_n_params": 10**6} | flat_metrics(summary)
+        metrics = {"phase": "done", "train_steps": 2, "train_loss": 2.0, "vocab_size": 49152,
+                   "hidden_size": 64, "n_params": 10**6} | flat_metrics(summary)
         row = trial_row(sweep, point._asdict(), metrics, "ok", None, dt.datetime.now(dt.timezone.utc), {})
         assert row[f"{NEW.name}_ece"] == summary[NEW.name]["ece"]
         store.write_trial(str(root), row)

@@ -1,8 +1,9 @@
 """Trials that survive deaths, in real sweeps (`python sweeps/launch.py`: Ray Tune, Ray Train, DeepSpeed on CPU).
 
-A worker process dies mid-trial (``CALSWEEP_FAULT_AT_STEP``: os._exit after step 3 on its first attempt): Ray Train's
-retry continues from the step-2 checkpoint and ends with the final loss and scores of the same trial run through
-without a death. Chaos: a two-trial sweep under SIGKILLs of random Ray Train workers at random times and a SIGKILL of
+A trial's process dies mid-trial (``CALSWEEP_FAULT_AT_STEP``: os._exit after step 3 on its first attempt), a warm
+trial's Tune actor or a Ray Train worker: the trial's retry (Ray Tune's ``FailureConfig``) continues from the step-2
+checkpoint and ends with the final loss and scores of the same trial run through without a death. Chaos: a two-trial
+sweep under SIGKILLs of random trial processes at random times and a SIGKILL of
 the driver (with its Ray) mid-sweep, then ``--resume``: one ok row per trial with the uninterrupted runs' numbers,
 their questions, and an analysis of the store.
 """
@@ -52,9 +53,11 @@ def _env(data_dir: str, **extra: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, data_dir, one_rank_process_group):
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "ray_train"])
+def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, data_dir, one_rank_process_group, warm):
     results = tmp_path / "results"
-    out = subprocess.run(_launch(results, "--config", str(CONFIG), *SETTINGS), capture_output=True,
+    settings = [*SETTINGS, f"resources.warm_trials={str(warm).lower()}"]
+    out = subprocess.run(_launch(results, "--config", str(CONFIG), *settings), capture_output=True,
                          text=True, timeout=600, env=_env(data_dir, **{FAULT_ENV: "3"}))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "resumed from its checkpoint at step 2/4" in out.stdout, out.stdout[-3000:]
@@ -66,7 +69,7 @@ def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, data_dir, one_ran
     kept = [path for path in run_dir.iterdir() if path.is_dir() and path.name.startswith("checkpoint_")]
     assert len(kept) == 1 and (kept[0] / "final_metrics.json").exists()  # checkpoints_to_keep: 1 pruned the others
 
-    sweep = load_sweep(CONFIG, {"results_dir": str(results)}, SETTINGS)
+    sweep = load_sweep(CONFIG, {"results_dir": str(results)}, settings)
     reference = uninterrupted_run(sweep, sweep.trial_points()[0], tmp_path / "reference")
     assert reference["resumed_from_step"] == 0
     for key in ("train_loss", "train_loss_first", "arc_easy_nll", "arc_easy_ece", "arc_easy_accuracy"):
@@ -97,20 +100,22 @@ CHAOS = ["--name", "chaos", "train.max_steps=4", "train.checkpoint_every_steps=2
 
 
 def _train_workers(session: int) -> list[int]:
-    """Ray Train worker processes in the session of the driver we started (each Ray worker leads its own group)."""
+    """Processes that run trials in the session of the driver we started (each Ray worker leads its own group): Ray
+    Train workers, and the Tune actors that run warm trials themselves (``sweeps.warm_trial``)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
             stat, cmdline = (entry / "stat").read_text(), (entry / "cmdline").read_bytes()
         except (OSError, ValueError):  # not a process, or one that has ended
             continue
-        if int(stat.rsplit(")", 1)[1].split()[3]) == session and b"RayTrainWorker" in cmdline:
+        if int(stat.rsplit(")", 1)[1].split()[3]) == session and (b"RayTrainWorker" in cmdline
+                                                                  or b"ray::ImplicitFunc" in cmdline):
             pids.append(int(entry.name))
     return pids
 
 
 def _kill_workers_at_random(session: int, rng: random.Random, stop: threading.Event, killed: list[str]) -> None:
-    """Two SIGKILLs, each of a random Ray Train worker 0-10 s after one is found running: in loading, training,
+    """Two SIGKILLs, each of a random trial process 0-10 s after one is found running: in loading, training,
     checkpointing or scoring, wherever it falls."""
     while len(killed) < 2 and not stop.wait(0.5):
         workers = _train_workers(session)
@@ -149,7 +154,7 @@ def test_chaos_sweep_ends_with_one_ok_row_per_trial(tmp_path, data_dir, one_rank
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray processes it started
         driver.wait(timeout=60)
     print("".join(lines) + "\n".join(killed))
-    assert killed, "no Ray Train worker was found to kill"
+    assert killed, "no trial process was found to kill"
 
     out = subprocess.run(_launch(results, "--resume", "chaos"), capture_output=True, text=True,
                          timeout=600, env=_env(data_dir))

@@ -143,6 +143,8 @@ def test_two_zero3_ranks_save_their_shards_and_resume_from_them(tiny_llama_confi
     assert [name for name in shards if "optim_states" in name] == ["zero_pp_rank_0_mp_rank_00_optim_states.pt",
                                                                    "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
     assert {p.name for p in (tmp_path / "full" / "train2").glob("rng_rank*.pt")} == {"rng_rank0.pt", "rng_rank1.pt"}
+    assert {p.name for p in (tmp_path / "full" / "train2").glob("plan_history_rank*.json")} == \
+        {"plan_history_rank0.json", "plan_history_rank1.json"}  # each rank's fused head's (empty: the CPU path plans none)
 
     resumed = _two_ranks(dataclasses.replace(trial, results_dir=str(tmp_path / "again")), tmp_path / "again",
                          resume_from=tmp_path / "full" / "train2")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibration.entropy_floor import STATS
+from calibration.entropy.statistics import STATS
 from sweeps import store
 from trainable.config import TrialConfig
 from trainable.worker import run_trial
@@ -38,7 +38,7 @@ def test_same_config_same_numbers(tiny_llama_config, data_dir, tmp_path, one_ran
     for key in ("train_loss", "train_loss_first", "arc_easy_ece", "arc_easy_accuracy", "arc_easy_nll", *STATS):
         assert first[key] == second[key], key
     assert math.isfinite(first["train_loss"]) and 0 <= first["arc_easy_ece"] <= 1
-    assert first["train_tokens"] > 0 and first["model_vocab_size"] == 49152
+    assert first["train_tokens"] > 0 and first["vocab_size"] == 49152
 
 
 @pytest.mark.parametrize("stage", [0, 3])
@@ -52,7 +52,7 @@ def test_zero_stages_train(tiny_llama_config, data_dir, tmp_path, one_rank_proce
     # the entropy floor's inputs, measured on the trained weights (under ZeRO-3 on the gathered scorer)
     assert all(math.isfinite(final[name]) and final[name] > 0 for name in STATS)
     assert final["rho"] == pytest.approx(final["sigma_c"] * final["sigma_h_max"], rel=1e-12)
-    assert final["entropy_floor"] <= final["mean_entropy"] <= math.log(final["model_vocab_size"])
+    assert final["entropy_floor"] <= final["mean_entropy"] <= math.log(final["vocab_size"])
 
 
 def test_validation_loss_is_reported_on_schedule_and_at_the_end(tiny_llama_config, data_dir, tmp_path,
@@ -91,7 +91,7 @@ def test_saved_model_scores_like_the_trial_in_evaluate_and_lm_eval(tiny_llama_co
     import sys
 
     from calibration.agreement import write_task_yamls
-    from trainable.evaluate_cli import main as evaluate
+    from trainable.evaluate import main as evaluate
     from calibration.rescore import rescore
 
     trial = _trial(tiny_llama_config, data_dir, tmp_path / "results", zero_stage=3, save_model=True)
@@ -120,3 +120,30 @@ def test_saved_model_scores_like_the_trial_in_evaluate_and_lm_eval(tiny_llama_co
     assert rescored["accuracy_norm"] == sum(s["acc_norm"] for s in lines) / 3
     for metric in ("accuracy", "ece", "nll", "brier"):  # the same questions, scored by both tools
         assert rescored[metric] == pytest.approx(ours[metric], abs=1e-4), metric
+
+
+def test_every_field_the_worker_computes_reaches_the_stored_row(tiny_llama_config, data_dir, tmp_path,
+                                                                 one_rank_process_group):
+    """The final report of a real trial, through the driver's row and the store, read back: every key but the report
+    protocol's (phase, step, total_steps) is a column holding the same value."""
+    import datetime as dt
+
+    from sweeps.config import load_sweep
+    from sweeps.driver import trial_row
+    from trainable.result import TrialResult
+
+    trial = _trial(tiny_llama_config, data_dir, tmp_path)
+    final, _ = _run(trial)
+    sweep = load_sweep(Path(__file__).parents[1] / "sweeps" / "tiny_sweep.yaml", {"results_dir": str(tmp_path)},
+                       ["eval.tasks=[arc_easy]"])
+    row = trial_row(sweep, sweep.trial_points()[0]._asdict(), final, "ok", None, dt.datetime.now(dt.timezone.utc), {})
+    store.write_trial(str(tmp_path), row)
+    stored = store.read_trials(str(tmp_path)).to_pylist()[0]
+    computed = {k: v for k, v in final.items() if k not in ("phase", "step", "total_steps")}
+    assert set(computed) <= set(stored), sorted(set(computed) - set(stored))
+    assert {k: stored[k] for k in computed} == computed
+    assert TrialResult.from_metrics(stored) == TrialResult.from_metrics(final)
+    # the layout the engine ran with, and the steady rate split from the warm-up (no MFU on a CPU)
+    assert (stored["zero_stage"], stored["world_size"], stored["micro_batch_size"],
+            stored["gradient_accumulation_steps"], stored["activation_checkpointing"]) == (2, 1, 2, 2, False)
+    assert stored["tokens_per_s_steady"] > 0 and stored["wall_warmup_s"] > 0 and stored["mfu"] is None

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from calibration.rank_entropy_bound import max_mean_margin, rank_entropy_floor, rank_entropy_gap
+from calibration.entropy.rank_bound import max_mean_margin, rank_entropy_floor, rank_entropy_gap
 
 
 def _centred_rms(z: np.ndarray) -> tuple[np.ndarray, float]:

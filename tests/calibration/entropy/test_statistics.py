@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from calibration.entropy_bound import entropy_floor
-from calibration.entropy_floor import STATS, entropy_floor_stats
+from calibration.entropy.bound import entropy_floor
+from calibration.entropy.statistics import STATS, entropy_floor_stats
 
 VOCAB, HIDDEN = 300, 32
 

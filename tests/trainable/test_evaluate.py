@@ -1,4 +1,4 @@
-"""The evaluate command line (trainable.evaluate_cli) end to end on the miniature data: records, summary and
+"""The evaluate command line (trainable.evaluate) end to end on the miniature data: records, summary and
 diagrams, rescoring them, one-line errors, an ATS head trained, saved and reused."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from calibration.records import read_records
 from calibration.rescore import main as rescore_main
-from trainable.evaluate_cli import main
+from trainable.evaluate import main
 
 SUMMARY_KEYS = ("accuracy", "ece", "rms_ce", "mce", "ace", "sce", "brier", "nll", "n_questions")  # rescore must reproduce
 

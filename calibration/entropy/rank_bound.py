@@ -1,4 +1,4 @@
-"""Our rank bound on the entropy of a softmax LM head (not in the paper; its eq. 14 is ``calibration.entropy_bound``).
+"""Our rank bound on the entropy of a softmax LM head (not in the paper; its eq. 14 is ``calibration.entropy.bound``).
 
 What it adds to eq. 14: there D enters only through rho sqrt(D), the bound on one context's logit norm
 ||u||, so at a fixed logit norm the paper's floor is the same for every D. Here the logit scale is fixed

@@ -7,7 +7,7 @@ import pytest
 
 from sweeps.config import ConfigError, load_sweep
 from sweeps.launch import main, plan_resources
-from sweeps.packing import alone, gpu_fraction, out_of_memory
+from sweeps.gpu_sharing import alone, gpu_fraction, out_of_memory
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
 GIB = 2**30

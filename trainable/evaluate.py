@@ -2,7 +2,7 @@
 
     calsweep evaluate --model smollm2-135m --tasks mmlu,arc_easy,hellaswag --limit 20 --out results/eval
 
-(also ``python -m trainable.evaluate_cli``) writes ``records.parquet`` (one row per question, both the reported
+(also ``python -m trainable.evaluate``) writes ``records.parquet`` (one row per question, both the reported
 and the held-out split), ``summary.json`` and ``reliability_<task>.png``; ``calsweep rescore DIR`` recomputes any
 metric from them. It lives in trainable, not calibration, because ``--ats`` trains the head on SFT-tokenised data
 (``trainable.ats``).
@@ -20,7 +20,7 @@ import yaml
 
 from calibration.ats.config import ATSConfig
 from calibration.ats.head import load_head, save_head
-from calibration.cli import fail
+from common.usage_error import fail
 from calibration.evaluate import DEFAULT_TASKS, EvalResult, apply_overrides, evaluate_model
 from calibration.records import write_records
 from calibration.report import format_table, write_diagrams, write_summary

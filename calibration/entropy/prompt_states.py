@@ -1,6 +1,6 @@
 """The final hidden states of a model on its evaluation prompts, and the entropy-floor statistics measured on them.
 
-``evaluation_entropy_stats`` is what a trial stores (``calibration.entropy_floor.STATS``): the prompts are the
+``evaluation_entropy_stats`` is what a trial stores (``calibration.entropy.statistics.STATS``): the prompts are the
 contexts (few-shot prefix + query, tokenised as the scorer does, ``calibration.requests.encode_prompts``) of the
 first ``QUESTIONS`` questions (fewer with the evaluation's own ``limit``) of each task's reported split, at most
 ``max_tokens // len(tasks)`` tokens per task (the last context cut short to fit); every real (non-padding)
@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from calibration.entropy_floor import entropy_floor_stats
+from calibration.entropy.statistics import entropy_floor_stats
 from calibration.prompts import Prompt
 from calibration.requests import Group, Row, encode_prompts
 from calibration.scoring import SCORING_ATTENTION, batches, checked_output_layer

@@ -1,7 +1,8 @@
-"""Tokenised plans kept on disk: every trial of a sweep scores the same prompts with its family's tokenizer.
+"""Tokenised prompts (the groups of ``calibration.requests.plan``) kept on disk: every trial of a sweep scores the
+same prompts with its family's tokenizer.
 
 Tokenising is the one part of scoring that does not depend on the weights, and with a shared k-shot prefix it is
-most of a pass (all of MMLU with Gemma-3's tokenizer on an H100: 20 s tokenising, 7 s model). ``cached_plan``
+most of a pass (all of MMLU with Gemma-3's tokenizer on an H100: 20 s tokenising, 7 s model). ``cached_groups``
 returns exactly what ``calibration.requests.plan`` returns, computing it once per (tokenizer, prompts, sharing):
 
     key = sha256(tokenizer fingerprint, every prompt's prefix, query and continuations, share_prefix)
@@ -35,7 +36,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str | None:
     return digest.hexdigest()
 
 
-def plan_key(fingerprint: str, prompts: Sequence[Prompt], share_prefix: bool) -> str:
+def prompts_key(fingerprint: str, prompts: Sequence[Prompt], share_prefix: bool) -> str:
     """sha256 over the fingerprint, the sharing flag and every prompt's texts (NUL-separated)."""
     digest = hashlib.sha256(f"{fingerprint}\0{share_prefix}\0{len(prompts)}".encode())
     for prompt in prompts:
@@ -43,12 +44,12 @@ def plan_key(fingerprint: str, prompts: Sequence[Prompt], share_prefix: bool) ->
     return digest.hexdigest()
 
 
-def cached_plan(tokenizer: Any, prompts: Sequence[Prompt], *, share_prefix: bool = True,
+def cached_groups(tokenizer: Any, prompts: Sequence[Prompt], *, share_prefix: bool = True,
                 directory: str | Path | None = None) -> list[Group]:
     """``plan(tokenizer, prompts, share_prefix=...)``, read from ``directory`` when it holds it, else computed
     and stored there (no directory: computed, never stored)."""
     fingerprint = tokenizer_fingerprint(tokenizer) if directory is not None else None
     if fingerprint is None:
         return plan(tokenizer, prompts, share_prefix=share_prefix)
-    path = Path(directory) / f"{plan_key(fingerprint, prompts, share_prefix)}.pkl"
+    path = Path(directory) / f"{prompts_key(fingerprint, prompts, share_prefix)}.pkl"
     return cached_pickle(path, lambda: plan(tokenizer, prompts, share_prefix=share_prefix))

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from trainable.compiled import compiled_decoder_layers
 from trainable.lm_head import CausalLMWithFusedLoss
-from trainable.packing import collate_packed, iterate_packed_batches, pack_rows, packed_width
+from trainable.sequence_packing import collate_packed, iterate_packed_batches, pack_rows, packed_width
 from trainable.sft_data import collate
 
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -5,7 +5,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from calibration.entropy_bound import entropy_floor, normalised_entropy_gap
+from calibration.entropy.bound import entropy_floor, normalised_entropy_gap
 
 
 def _entropy(u: np.ndarray) -> float:

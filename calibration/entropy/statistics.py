@@ -1,4 +1,4 @@
-"""What the paper's entropy floor (eq. 14, ``calibration.entropy_bound``) needs, measured on a model's own head
+"""What the paper's entropy floor (eq. 14, ``calibration.entropy.bound``) needs, measured on a model's own head
 and hidden states, beside the entropy the model actually has.
 
 For the LM head W (|V| x D; the paper's C^T) and N final hidden states h_n (the head's inputs, after the final
@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from calibration.entropy_bound import entropy_floor
+from calibration.entropy.bound import entropy_floor
 
 STATS = ("sigma_c", "sigma_h_max", "sigma_h_p999", "rho", "entropy_floor", "mean_entropy")  # the keys, in order
 QUANTILE = 0.999

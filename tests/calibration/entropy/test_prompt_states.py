@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from calibration.entropy_floor import STATS
-from calibration.prompt_states import context_rows, evaluation_entropy_stats, prompt_hidden_states
+from calibration.entropy.statistics import STATS
+from calibration.entropy.prompt_states import context_rows, evaluation_entropy_stats, prompt_hidden_states
 from calibration.requests import encode_prompts
 from calibration.task_config import DEFAULT_TASKS, TASKS, load_prompts
 
