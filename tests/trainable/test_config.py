@@ -109,7 +109,7 @@ def test_dotted_assignments_are_parsed_as_yaml_and_validated_like_the_file():
                                           "seeds=[0, 1, 2]"])
     assert sweep.train.max_steps == 100 and sweep.eval.limit is None and sweep.learning_rates == (5e-5,)
     assert sweep.trial_seeds == (0, 1, 2) and sweep.train.micro_batch_size == 2  # the file's other settings kept
-    with pytest.raises(ConfigError, match=r"default.yaml.train.max_stpes: unknown key \(did you mean 'max_steps'"):
+    with pytest.raises(ConfigError, match=r"override 'train.max_stpes=3': train.max_stpes: unknown key \(did you mean 'max_steps'"):
         load_sweep(None, assignments=["train.max_stpes=3"])
     with pytest.raises(ConfigError) as info:
         load_sweep(None, assignments=["train", "eval.limit.x=1", "eval.limit=[", "x..y=1"])
