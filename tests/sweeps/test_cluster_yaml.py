@@ -56,8 +56,11 @@ def test_paper_sweeps_store_results_on_the_shared_mount():
     config = cluster()
     mount = next(o.split()[1].split(":")[1] for o in config["docker"]["run_options"] if o.startswith("-v "))
     assert any(mount in c and "mount" in c for c in config["initialization_commands"])
-    gpu_nodes = max(t.get("max_workers", 0) for t in config["available_node_types"].values())
+    gpus = sum(t.get("max_workers", 0) * t.get("resources", {}).get("GPU", 0)
+               for t in config["available_node_types"].values())
     for name in ("alpaca", "tulu3", "openhermes"):
         sweep = load_sweep(REPO / "sweeps" / "configs" / f"paper_{name}.yaml")
         assert sweep.results_dir.startswith(mount + "/")
-        assert sweep.resources.max_concurrent_trials == gpu_nodes  # one 8-GPU node per trial
+        # the cluster's GPUs hold that many trials of the widest layout (two GPUs: the 7-8B families)
+        widest = max(sweep.layout(family).workers for family in sweep.families)
+        assert sweep.resources.max_concurrent_trials == gpus // widest
