@@ -68,9 +68,11 @@ def test_a_sweep_on_two_worker_nodes_lands_on_both(cluster, tmp_path):
 
 
 def _checkpointed(results: Path) -> int:
-    """Trials with a checkpoint Ray Train has committed: its run's checkpoint list is written (a folder uploaded a
-    moment before its controller died is not yet one the run resumes from)."""
-    return sum((run / "checkpoint_manager_snapshot.json").is_file() for run in (results / "ray").glob("tiny-*"))
+    """Trials with a checkpoint their retry resumes from: a Ray Train run's committed checkpoint list (a folder
+    uploaded a moment before its controller died is not yet one), or a warm trial's complete checkpoint folder
+    (``sweeps.checkpoints.persist`` writes its trial.json last)."""
+    return sum((run / "checkpoint_manager_snapshot.json").is_file() or any(run.glob("checkpoint_*/trial.json"))
+               for run in (results / "ray").glob("tiny-*"))
 
 
 @pytest.mark.slow
