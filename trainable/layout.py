@@ -100,7 +100,7 @@ class Layout:
     checkpointed: int | bool  # decoder layers recomputed (the first k); True: all of them
     peak_bytes: float  # predicted, per GPU (PyTorch's allocator, without the CUDA context)
     cost: float  # GPU-seconds per token relative units: workers / (MFU x recompute factor)
-    wide_buckets: bool = True  # ZeRO-3: ``zero_buckets``' wide buckets (else layer-sized, where memory is tight)
+    wide_buckets: bool = False  # ZeRO-3: ``zero_buckets``' wide buckets (else layer-sized, the default)
 
     @property
     def peak_gib(self) -> float:
@@ -115,15 +115,17 @@ class Layout:
         return f"{gpus}, ZeRO-{self.zero_stage}, {batch}{ac}"
 
 
-def zero_buckets(stage: int, layer_params: int, wide: bool = True) -> dict[str, Any]:
+def zero_buckets(stage: int, layer_params: int, wide: bool = False) -> dict[str, Any]:
     """ZeRO's buckets (elements) for decoder layers of ``layer_params`` parameters; ``deepspeed_setup`` applies them.
 
     ZeRO-2 reduces (and gathers) a layer's gradients (parameters) per bucket. ZeRO-3 gathers each decoder layer
     whole (a leaf module), prefetches two layers ahead, keeps up to max(7 layers, 1e9) parameters live, reduces
     gradients in 5e8-element buckets and keeps parameters under 1e6 elements (norms) whole on every rank,
     communication overlapped with compute. Measured on 2 H200s (docs/results.md): the 8B shape's ZeRO-3 at 7,715
-    tokens/s per GPU against 7,397 with layer-sized buckets, the 1B shape's at 41,475 against 38,256. Not ``wide``
-    (where memory is tight): one layer prefetched, three live, layer-sized reduce buckets, norms whole.
+    tokens/s per GPU against 7,397 with layer-sized buckets, the 1B shape's at 41,475 against 38,256. But with tied
+    embeddings on the CPU the wide reduce bucket trips DeepSpeed 0.19.8's ZeRO-3 assertion that a bucket holds each
+    parameter once (tests/trainable/test_worker.py), so the default is not ``wide``: one layer prefetched, three
+    live, layer-sized reduce buckets, norms whole; ``wide=True`` (or ``train.deepspeed``) opts in.
     """
     if stage == 2:
         return {"reduce_bucket_size": layer_params, "allgather_bucket_size": layer_params, "overlap_comm": True,
@@ -186,9 +188,9 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                gpu_memory_bytes: float, workers: Iterable[int], stages: tuple[int, ...],
                checkpointing: bool | int | None) -> list[Layout]:
     """Every layout that fits: per (GPUs, stage, micro-batch up to ``micro_batch`` dividing the GPU's share of the
-    step, ZeRO-3's wide or layer-sized buckets) the fewest checkpointed layers that fit (``checkpointing``: None to
-    choose, False for none, True for all, or a count). A micro-batch below the config's costs 3% (smaller
-    products, more steps of the loop), layer-sized ZeRO-3 buckets 4% (measured: 7,397 against 7,715 tokens/s)."""
+    step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none, True for all,
+    or a count), with ``zero_buckets``' default buckets. A micro-batch below the config's costs 3% (smaller
+    products, more steps of the loop)."""
     budget, fitting = budget_bytes(gpu_memory_bytes), []
     for n in workers:
         if sequences_per_step % n:
@@ -198,15 +200,14 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
             if len(stages) > 1 and (stage > 0) != (n > 1) or len(stages) > 1 and stage == 1:
                 continue  # choosing: ZeRO-0 on one GPU (nothing to partition), ZeRO-2 or 3 across GPUs
             mfu = RECORDED_MFU.get((stage, n > 1), RECORDED_MFU[(2, True)])
-            for micro, wide in ((d, w) for d in _divisors(share) if d <= micro_batch for w in (True, False)):
-                if not wide and stage != 3:
-                    continue
+            for micro in (d for d in _divisors(share) if d <= micro_batch):
+                wide = False  # zero_buckets' default (see there)
                 zero = zero_buckets(stage, shape.layer_params, wide)
                 layers = _checkpoint_choices(shape.layers, checkpointing)
                 k = next((k for k in layers if peak_bytes(shape, stage, n, micro, seq_len, k, zero) <= budget), None)
                 if k is None:
                     continue
-                slower = (1.03 if micro < micro_batch else 1.0) * (1.0 if wide else 1.04)
+                slower = 1.03 if micro < micro_batch else 1.0
                 cost = n / (mfu / (1 + k / (3 * shape.layers))) * slower
                 fitting.append(Layout(n, stage, micro, share // micro, k,
                                       peak_bytes(shape, stage, n, micro, seq_len, k, zero), cost, wide))
