@@ -247,11 +247,11 @@ def gpu_hours(shape: ModelShape, layout: Layout, tokens: float, seq_len: int) ->
 
 
 def with_layout(train: Any, layout: Layout, shape: ModelShape | None = None) -> Any:
-    """A ``TrainConfig`` with the layout's stage, micro-batch, accumulation and checkpointed layers; layer-sized
-    ZeRO-3 buckets go under ``train.deepspeed`` (its own entries still win)."""
+    """A ``TrainConfig`` with the layout's stage, micro-batch, accumulation and checkpointed layers; wide ZeRO-3
+    buckets go under ``train.deepspeed`` (its own entries still win)."""
     deepspeed = train.deepspeed
-    if not layout.wide_buckets and shape is not None:
-        ours = zero_buckets(layout.zero_stage, shape.layer_params, wide=False)
+    if layout.wide_buckets and shape is not None:
+        ours = zero_buckets(layout.zero_stage, shape.layer_params, wide=True)
         deepspeed = {**deepspeed, "zero_optimization": {**ours, **deepspeed.get("zero_optimization", {})}}
     return dataclasses.replace(train, zero_stage=layout.zero_stage, micro_batch_size=layout.micro_batch_size,
                                gradient_accumulation_steps=layout.gradient_accumulation_steps,

@@ -1,5 +1,6 @@
 """The layout planner: its memory model against the peaks measured on GPUs, and the layouts it chooses."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -69,11 +70,13 @@ def test_with_layout_resolves_the_train_section():
     layout = plan_layout(SHAPES["8b"], 2048, 4, 2, H100, workers=2)
     train = with_layout(TrainConfig(deepspeed={"zero_optimization": {"reduce_bucket_size": 7}}), layout, SHAPES["8b"])
     assert train.zero_stage == 3 and train.activation_checkpointing == layout.checkpointed
-    zero = train.deepspeed["zero_optimization"]
+    assert train.deepspeed == {"zero_optimization": {"reduce_bucket_size": 7}}  # default buckets: nothing added
+    wide = with_layout(TrainConfig(deepspeed={"zero_optimization": {"reduce_bucket_size": 7}}),
+                       dataclasses.replace(layout, wide_buckets=True), SHAPES["8b"])
+    zero = wide.deepspeed["zero_optimization"]
     assert zero["reduce_bucket_size"] == 7  # the researcher's own entry wins over the layout's
-    if not layout.wide_buckets:
-        assert zero["stage3_max_live_parameters"] == zero_buckets(3, SHAPES["8b"].layer_params, False)[
-            "stage3_max_live_parameters"]
+    assert zero["stage3_max_live_parameters"] == zero_buckets(3, SHAPES["8b"].layer_params, True)[
+        "stage3_max_live_parameters"]
 
 
 def test_gpu_hours_follow_tokens_and_recorded_mfu():
