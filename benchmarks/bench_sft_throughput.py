@@ -28,7 +28,10 @@ and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embeddi
 Peak memory is the largest over the ranks (PyTorch's allocator), beside ``trainable.layout``'s prediction for
 the row's layout. Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
 into calsweep's DeepSpeed config (knob trials). ``calsweep_engine_compile`` is DeepSpeed's own compiler
-(``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop.
+(``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop. ``calsweep_fsdp2`` (rows of
+stage 3, or auto: its micro-batch, accumulation and recomputed layers) is the same model, fused loss, compiled layers and fused AdamW sharded by PyTorch's FSDP2 instead
+(``fully_shard`` per decoder layer and on the root; bf16 compute, fp32 master weights and gradient reduction):
+ZeRO-3's layout under another engine.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import time
 from pathlib import Path
 
 
-IMPLS = ("hf_trainer", "calsweep_eager", "calsweep", "calsweep_engine_compile")
+IMPLS = ("hf_trainer", "calsweep_eager", "calsweep", "calsweep_engine_compile", "calsweep_fsdp2")
 DEFAULT_ROWS = ("1b:1:0:4:random,1b:1:3:4:random,1b:2:2:4:random,1b:2:3:4:random,1b:2:auto:4:random,"
                 "8b:2:2:2:random,8b:2:3:2:random,8b:2:auto:2:random,1b:1:auto:4:alpaca")
 SHAPES = {
@@ -97,14 +100,16 @@ def _sync(device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _model(shape: str, device):
+def _model(shape: str, device, dtype=None):
+    """The row's random-init model on ``device``: bf16 on a GPU, float32 on the CPU, unless ``dtype`` is given."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     config = AutoConfig.for_model("llama", **SHAPES[shape], attn_implementation="sdpa")
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+        return AutoModelForCausalLM.from_config(
+            config, dtype=dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32))
 
 
 def _flops_per_token(model, seq_len: int) -> float:
@@ -204,21 +209,9 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     torch._dynamo.reset()
     with recomputed_layers(model, layout.checkpointed), \
             compiled_decoder_layers(model, compile_wanted(train.compile, device)) as compiled:
-        started = time.perf_counter()
-        first_steps = []
-        for _ in range(args.warmup):
-            step()
-            _sync_end(device)
-            first_steps.append(time.perf_counter() - started)
-        _sync(device)
-        started, tokens[0] = time.perf_counter(), 0
-        for _ in range(args.steps):
-            loss = step()
-        _sync_end(device)
-        seconds = time.perf_counter() - started
         how = ", compiled layers" if compiled else ", deepcompile" if impl == "calsweep_engine_compile" else ""
-        name = f"calsweep (ZeRO-{layout.zero_stage}, fused LS-CE{how})"
-        result = _result(name, args, row, seconds, flops, loss, tokens[0])
+        result, first_steps = _timed(args, row, step, device, flops, tokens,
+                                     f"calsweep (ZeRO-{layout.zero_stage}, fused LS-CE{how})")
         result.update(zero_stage=layout.zero_stage, micro_batch=layout.micro_batch_size,
                       accumulation=layout.gradient_accumulation_steps, recomputed_layers=int(layout.checkpointed),
                       layers=shape.layers, predicted_peak_gib=layout.peak_gib, warmup_step_s=first_steps,
@@ -226,6 +219,80 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
                       **_dynamo_counts())
         if args.profile and rank == 0:
             _profile(step, args.profile, args.trace)
+    return result
+
+
+def _timed(args, row: dict, step, device, flops: float, tokens: list[int], name: str) -> tuple[dict, list[float]]:
+    """``--warmup`` steps (the seconds from the start to the end of each), then ``--steps`` timed ones: the
+    row's result and the warm-up times. ``tokens[0]`` is the count ``step`` adds its real tokens to."""
+    import time
+
+    started = time.perf_counter()
+    first_steps = []
+    for _ in range(args.warmup):
+        step()
+        _sync_end(device)
+        first_steps.append(time.perf_counter() - started)
+    _sync(device)
+    started, tokens[0] = time.perf_counter(), 0
+    for _ in range(args.steps):
+        loss = step()
+    _sync_end(device)
+    return _result(name, args, row, time.perf_counter() - started, flops, loss, tokens[0]), first_steps
+
+
+def run_fsdp2(args, row: dict) -> dict:
+    """The calsweep row under FSDP2: ``fully_shard`` on each decoder layer, then on the loss-wrapped root
+    (embedding, final norm and the fused head, tied or not); parameters fp32, compute bf16, gradients reduced in
+    fp32; the loss and step as in ``trainable.step_accounting`` (sum of response-token losses over T_step / (A R))."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from trainable.compiled import compiled_decoder_layers, decoder_layers
+    from trainable.lm_head import CausalLMWithFusedLoss
+    from trainable.recompute import recomputed_layers
+    from trainable.step_accounting import global_mean_loss, step_loss_divisor
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = _device()
+    model = _model(row["shape"], device, dtype=torch.float32)
+    flops = _flops_per_token(model, args.seq_len)
+    shape, layout = _layout(args, row, model, device)
+    wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
+    mesh = init_device_mesh(device.type, (world,))
+    bf16 = device.type == "cuda"
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(wrapped, mesh=mesh, mp_policy=policy)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-5, fused=device.type == "cuda")
+    batches, _ = _rows_of_data(args, row, rank, world, layout.micro_batch_size)
+    tokens = [0]
+
+    def step() -> float:
+        micro = [next(batches) for _ in range(layout.gradient_accumulation_steps)]
+        tokens[0] += sum(int(batch["attention_mask"].sum()) for batch in micro)
+        divisor = step_loss_divisor(micro, device, world)
+        summed = torch.zeros((), device=device)
+        for i, batch in enumerate(micro):
+            wrapped.set_requires_gradient_sync(i == len(micro) - 1)
+            loss = wrapped(**{k: v.to(device, non_blocking=True) for k, v in batch.items()}, loss_divisor=divisor)
+            (loss / len(micro)).backward()
+            summed += loss.detach()
+        torch.nn.utils.clip_grad_norm_(wrapped.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return global_mean_loss(summed, len(micro), world)
+
+    torch._dynamo.reset()
+    with recomputed_layers(model, layout.checkpointed), compiled_decoder_layers(model, device.type == "cuda") as compiled:
+        result, first_steps = _timed(args, row, step, device, flops, tokens,
+                                     f"calsweep (FSDP2, fused LS-CE{', compiled layers' if compiled else ''})")
+    result.update(zero_stage=3, micro_batch=layout.micro_batch_size, accumulation=layout.gradient_accumulation_steps,
+                  recomputed_layers=int(layout.checkpointed), layers=shape.layers, predicted_peak_gib=layout.peak_gib,
+                  warmup_step_s=first_steps, wide_buckets=False, engine="fsdp2", **_dynamo_counts())
     return result
 
 
@@ -349,7 +416,8 @@ def worker(args) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     row = parse_row(args.row)
-    result = run_hf_trainer(args, row) if args.impl == "hf_trainer" else run_calsweep(args, row, args.impl)
+    runs = {"hf_trainer": run_hf_trainer, "calsweep_fsdp2": run_fsdp2}
+    result = runs[args.impl](args, row) if args.impl in runs else run_calsweep(args, row, args.impl)
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(result))
     dist.barrier()
@@ -403,8 +471,9 @@ def table(results: list[dict]) -> str:
 def _layout_text(r: dict) -> str:
     """'ZeRO-3 1x2 recompute 8/32 graphs 1 breaks 0': a calsweep result's layout and Dynamo counts."""
     recompute = f" recompute {r['recomputed_layers']}/{r['layers']}" if r["recomputed_layers"] else ""
-    buckets = "" if r.get("wide_buckets", True) else " layer buckets"
-    return (f"ZeRO-{r['zero_stage']} {r['micro_batch']}x{r['accumulation']}{recompute}{buckets} graphs {r['graphs']} "
+    buckets = "" if r.get("wide_buckets", True) or r.get("engine") == "fsdp2" else " layer buckets"
+    engine = "FSDP2" if r.get("engine") == "fsdp2" else f"ZeRO-{r['zero_stage']}"
+    return (f"{engine} {r['micro_batch']}x{r['accumulation']}{recompute}{buckets} graphs {r['graphs']} "
             f"breaks {r['graph_breaks']} recompiles {r['recompiles']}")
 
 
@@ -452,6 +521,8 @@ def main(argv: list[str] | None = None) -> None:
         for impl in impls:
             if impl == "hf_trainer" and row["zero"] == "auto":
                 continue  # the Trainer has no layout planner: its rows are the stages it is given
+            if impl == "calsweep_fsdp2" and row["zero"] not in (3, "auto"):
+                continue  # FSDP2 shards parameters, gradients and states: ZeRO-3's layout (or auto's batch split)
             if row["gpus"] > available:
                 results.append({"impl": impl, "row": row_name(row), **row,
                                 "error": f"skipped: needs {row['gpus']} GPUs, this host has {available}"})

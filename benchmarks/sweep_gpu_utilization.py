@@ -11,7 +11,10 @@ steps each, ARC-Easy scoring of ``--eval-limit`` questions) and runs ``sweeps/la
 trials) and ``cold`` (false: a Ray Train worker group started and stopped per trial). Trials are one-GPU trials,
 as many at once as there are GPUs. While a sweep runs, ``nvidia-smi`` (when present) samples every GPU's
 utilisation (percent of time a kernel ran) every 200 ms. Reports per path:
-- busy: the mean sampled utilisation over the GPUs, from the first trial's start to the last trial's end;
+- busy: the mean sampled utilisation over the GPUs (and per GPU), from the first trial's start to the last
+  trial's end;
+- the trials' steady tokens/s and compile warm-up (the store's ``tokens_per_s_steady``, ``wall_warmup_s``) and
+  layout (stage, micro-batch, accumulation), to set beside ``bench_sft_throughput.py``'s row of the same layout;
 - per trial (``sweeps.overhead``, from the store's timestamps and the worker's wall times): overhead (time outside
   the trial's own load, training and scoring) and idle (overhead plus loading: previous trial's last scored
   question to this trial's first optimiser step), as means over the trials that follow another on their GPU;
@@ -42,7 +45,7 @@ SHAPES = {  # family name -> (custom model config, sft, train settings)
             "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 2048,
             "tie_word_embeddings": True},
            {"max_examples": 20000, "max_seq_len": 2048},
-           {"micro_batch_size": 8, "gradient_accumulation_steps": 1, "precision": "bf16", "zero_stage": 2,
+           {"micro_batch_size": 4, "gradient_accumulation_steps": 1, "precision": "bf16", "zero_stage": "auto",
             "pack": True, "pack_length": 2048}),
     "tiny": ({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "vocab_size": 49152, "max_position_embeddings": 512},
@@ -105,11 +108,23 @@ def summarise(results: Path, samples: list[tuple[float, int, float]]) -> dict:
         "trials": len(rows), "ok": len(ok), "sweep_s": max(ends) - min(starts),
         "gpus": sorted({s[1] for s in samples}),
         "busy_fraction": mean(s[2] for s in window) / 100 if window else None,
+        "busy_fraction_by_gpu": {gpu: mean(s[2] for s in window if s[1] == gpu) / 100
+                                 for gpu in sorted({s[1] for s in window})},
+        "tokens_per_s_steady_median": _median(ok, "tokens_per_s_steady"),
+        "warmup_s_median": _median(ok, "wall_warmup_s"),
+        "warmup_s_max": max((r["wall_warmup_s"] for r in ok if r.get("wall_warmup_s") is not None), default=None),
+        "layout": sorted({(r.get("zero_stage"), r.get("micro_batch_size"), r.get("gradient_accumulation_steps"))
+                          for r in ok}),
         "train_s_median": median(r["wall_train_s"] for r in ok) if ok else None,
         "eval_s_median": median(r["wall_eval_s"] for r in ok) if ok else None,
         "load_s_median": median(r["wall_load_s"] for r in ok) if ok else None,
         "overhead": overhead.summary(overhead.trial_overheads(rows)),
     }
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return median(values) if values else None
 
 
 def run_path(args: argparse.Namespace, work: Path, warm: bool) -> dict:
@@ -150,11 +165,16 @@ def table(result: dict) -> str:
              f"{'':<40}" + "".join(f"{p:>14}" for p in paths)]
     rows = [("trials ok", lambda r: f"{r['ok']}/{r['trials']}"),
             ("GPU busy (mean utilisation)", lambda r: cell(r["busy_fraction"], 100, "%")),
+            ("GPU busy, each GPU", lambda r: " ".join(f"{100 * v:.0f}%" for v in r["busy_fraction_by_gpu"].values())
+             or "-"),
             ("overhead per trial, mean / max", lambda r: f"{cell(r['overhead']['overhead_s_mean'])} / "
                                                         f"{cell(r['overhead']['overhead_s_max'])}"),
             ("idle per trial (incl. load), mean", lambda r: cell(r["overhead"]["idle_s_mean"])),
             ("first trial: framework / load", lambda r: f"{cell(r['overhead']['first_framework_s'][0])} / "
                                                        f"{cell(r['overhead']['first_load_s'][0])}"),
+            ("trial tokens/s (steady), median", lambda r: cell(r.get("tokens_per_s_steady_median"), 1, "")),
+            ("compile warm-up, median / max", lambda r: f"{cell(r.get('warmup_s_median'))} / "
+                                                       f"{cell(r.get('warmup_s_max'))}"),
             ("load / train / scoring, median", lambda r: f"{cell(r['load_s_median'])} / {cell(r['train_s_median'])}"
                                                         f" / {cell(r['eval_s_median'])}"),
             ("sweep (first start to last end)", lambda r: cell(r["sweep_s"]))]
