@@ -276,8 +276,7 @@ def run_fsdp2(args, row: dict) -> dict:
         tokens[0] += sum(int(batch["attention_mask"].sum()) for batch in micro)
         divisor = step_loss_divisor(micro, device, world)
         summed = torch.zeros((), device=device)
-        for i, batch in enumerate(micro):
-            wrapped.set_requires_gradient_sync(i == len(micro) - 1)
+        for batch in micro:  # each backward reduce-scatters: unsynced micro-batches would hold unsharded grads
             loss = wrapped(**{k: v.to(device, non_blocking=True) for k, v in batch.items()}, loss_divisor=divisor)
             (loss / len(micro)).backward()
             summed += loss.detach()
