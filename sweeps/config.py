@@ -155,8 +155,7 @@ class SweepConfig:
                            family=family, learning_rate=learning_rate, label_smoothing=label_smoothing,
                            seed=seed, data_dir=self.data_dir, results_dir=self.results_dir,
                            custom_models=self.custom_models, sft=self.sft,
-                           train=with_layout(self.train, self.layout(family),
-                                             _shape(family, _custom_key(self.custom_models))), eval=self.eval)
+                           train=with_layout(self.train, self.layout(family), self.shape(family)), eval=self.eval)
 
     def layout(self, family: str) -> Layout:
         """The family's layout (``trainable.layout.plan_layout``): the config's explicit workers, stage and
@@ -165,6 +164,10 @@ class SweepConfig:
         with a number of workers, each worker takes that many. A family whose shape cannot be read, or that fits
         nowhere (``layout_problem`` says why), keeps the config's settings (auto: 1 worker, ZeRO-0)."""
         return _layout(self.train, self.resources, self.sft, family, _custom_key(self.custom_models))
+
+    def shape(self, family: str) -> ModelShape | None:
+        """The family's ``trainable.layout.ModelShape`` (registry or custom model), None where it cannot be read."""
+        return _shape(family, _custom_key(self.custom_models))
 
     def layout_problem(self, family: str) -> str | None:
         """Why no layout fits ``family`` (a one-line config problem), or None."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from sweeps.config import SweepConfig, _custom_key, _shape
+from sweeps.config import SweepConfig
 
 
 def trial_tokens(sweep: SweepConfig, family: str, sft_rows: int | None) -> float | None:
@@ -34,7 +34,6 @@ def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
     from trainable.layout import gpu_hours
 
     seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
-    custom = _custom_key(sweep.custom_models)
     trials = {f: sum(1 for p in sweep.trial_points() if p.family == f) for f in sweep.families}
     if sweep.search.method == "optuna":
         trials = {f: math.ceil(sweep.search.num_samples / len(sweep.families)) for f in sweep.families}
@@ -42,7 +41,7 @@ def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
              f"MFU of each layout, 989 TFLOP/s bf16 peak):"]
     total, known = 0.0, True
     for family in sweep.families:
-        layout, shape = sweep.layout(family), _shape(family, custom)
+        layout, shape = sweep.layout(family), sweep.shape(family)
         problem = sweep.layout_problem(family)
         if shape is None or problem:
             why = problem or "shape unknown (no readable model config)"
