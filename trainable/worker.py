@@ -179,9 +179,9 @@ class TrialSetup:
 
 def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
            resume_from: Path | None) -> TrialSetup:
-    """Seed, load the model and the SFT data, build the engine (``train.engine``) and this rank's batches, check the attention
-    kernels on the first batch and restore ``resume_from``'s checkpoint (after the check: whatever its probe draws,
-    training goes on with the checkpoint's RNGs)."""
+    """Seed, load the model and the SFT data, build the engine (``train.engine``) and this rank's batches, check the
+    attention kernels on the first batch and restore ``resume_from``'s checkpoint (after the check: whatever its probe
+    draws, training goes on with the checkpoint's RNGs)."""
     started = time.time()
     resumed = checkpointing.loop_state(resume_from) if resume_from is not None else None
     start = resumed.step if resumed else 0
@@ -384,7 +384,8 @@ def trial_result(setup: TrialSetup, trained: Training, scored: Scores, device: t
         tokens_per_s=clock.tokens * world_size / max(train_s, 1e-9), tokens_per_s_steady=steady,
         wall_warmup_s=clock.warmup_s(),
         mfu=model_flops_utilization(None if steady is None else steady / world_size, flops, device_name),
-        engine=trial_engine(engine), precision=setup.precision, attention=setup.attention.name, device=str(device.type), world_size=world_size,
+        engine=trial_engine(engine), precision=setup.precision, attention=setup.attention.name,
+        device=str(device.type), world_size=world_size,
         zero_stage=engine.zero_optimization_stage(), micro_batch_size=engine.train_micro_batch_size_per_gpu(),
         gradient_accumulation_steps=engine.gradient_accumulation_steps(),
         activation_checkpointing=trained.recomputed,

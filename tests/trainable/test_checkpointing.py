@@ -1,7 +1,8 @@
 """Mid-trial checkpoints without Ray: a trial resumed from its step-2 checkpoint runs steps 3-4 on the same batches,
 learning rates, optimizer state and dropout draws as the uninterrupted trial (bitwise on CPU fp32), in this process
 (ZeRO-2) and in two rank processes (ZeRO-3 and FSDP2: each rank's shard, merged as Ray Train merges them); a final
-checkpoint is reported again without training. The process-death tests through Ray are tests/sweeps/test_trial_recovery.py."""
+checkpoint is reported again without training. The process-death tests through Ray are
+tests/sweeps/test_trial_recovery.py."""
 
 import dataclasses
 import json
