@@ -24,7 +24,7 @@ import yaml
 from common.config import ConfigError, build, suggest
 from trainable.config import (CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, check_label_smoothing,
                               check_learning_rate)
-from trainable.layout import GIB, Layout, ModelShape, model_shape, plan_layout, with_layout
+from trainable.layout import GIB, Layout, ModelShape, model_shape, plan_layout, planned_stage, with_layout
 
 SAMPLERS = ("tpe", "random", "cmaes", "nsga2", "gp")
 PROGRESS_METRICS = ("train_loss", "val_loss")  # in the workers' training reports: what ASHA can watch
@@ -215,7 +215,7 @@ def _planned(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, f
     return _plan(family, custom_key, train.pack_length or sft.max_seq_len,
                  train.micro_batch_size * train.gradient_accumulation_steps * (workers or 1), train.micro_batch_size,
                  resources.gpu_memory_gb, workers, resources.max_workers_per_trial,
-                 None if train.zero_stage == "auto" else train.zero_stage,
+                 planned_stage(train.engine, train.zero_stage),
                  None if train.activation_checkpointing == "auto" else train.activation_checkpointing)
 
 
@@ -238,7 +238,7 @@ def _layout(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, fa
         return planned
     ac = train.activation_checkpointing
     return Layout(resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else 1,
-                  0 if train.zero_stage == "auto" else train.zero_stage, train.micro_batch_size,
+                  planned_stage(train.engine, train.zero_stage) or 0, train.micro_batch_size,
                   train.gradient_accumulation_steps, False if ac == "auto" else ac, math.nan, math.nan)
 
 

@@ -3,6 +3,7 @@
 A checkpoint is one directory (Ray Train merges every rank's files into it):
 
     deepspeed/trial/...   DeepSpeed's own checkpoint: model states, each rank's ZeRO optimizer shard, LR schedule
+                          (under FSDP2: torch.distributed.checkpoint's shards of both, and schedule.json)
     loop.json             the loop's position (rank 0): optimiser steps done, losses so far, tokens
     rng_rank<r>.pt        rank r's Python, NumPy and torch RNG states (dropout draws continue where they were)
     plan_history_rank<r>.json  rank r's fused head's plan history (kernels/plan_history.py: which filters skip planning)
@@ -67,7 +68,7 @@ def write_trial_record(directory: Path, trial_config: dict[str, Any], world_size
 def save(engine, directory: Path, state: LoopState, trial_config: dict[str, Any], rank: int,
          world_size: int, plan_history: PlanHistory) -> None:
     """Write this rank's part of a checkpoint into ``directory`` (a local folder of its own). Every rank must call
-    it at the same step: DeepSpeed's save is collective (each rank writes its ZeRO shard)."""
+    it at the same step: the engine's save is collective (each rank writes its shard)."""
     (directory / DEEPSPEED_DIR).mkdir(parents=True, exist_ok=True)
     engine.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=TAG)
     torch.save(_rng_states(), directory / f"rng_rank{rank}.pt")

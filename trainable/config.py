@@ -61,14 +61,15 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation: DeepSpeed engine settings and the schedule (AdamW, warmup then decay)."""
+    """Optimisation: the engine's settings (DeepSpeed or FSDP2) and the schedule (AdamW, warmup then decay)."""
 
     max_steps: int | None = None  # optimiser steps; None = run `epochs` epochs
     epochs: float = 1.0  # passes over the SFT data when max_steps is null
     micro_batch_size: int = 4  # sequences per worker per forward
     gradient_accumulation_steps: int = 1  # micro-batches per optimiser step
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
-    zero_stage: int | str = "auto"  # 0-3, or auto: the cheapest that fits (trainable/layout.py)
+    engine: str = "deepspeed"  # deepspeed | fsdp2: PyTorch fully_shard, sharded like ZeRO-3 (trainable/fsdp2_engine.py)
+    zero_stage: int | str = "auto"  # 0-3, or auto: the cheapest that fits (trainable/layout.py); fsdp2: 3 or auto
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
     adam_eps: float = 1e-8  # AdamW epsilon
@@ -116,6 +117,7 @@ class EvalConfig:
 
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+ENGINES = ("deepspeed", "fsdp2")
 SCHEDULES = ("cosine", "linear", "constant")
 
 
@@ -135,6 +137,7 @@ def _check_train(c: TrainConfig) -> list[str]:
         problems.append(f"precision: expected one of {list(PRECISIONS)}, got {c.precision!r}")
     if c.zero_stage not in (0, 1, 2, 3, "auto") or isinstance(c.zero_stage, bool):
         problems.append(f"zero_stage: expected 0, 1, 2, 3 or 'auto', got {c.zero_stage!r}")
+    problems += _check_engine(c)
     ac = c.activation_checkpointing
     if not (isinstance(ac, bool) or ac == "auto" or (isinstance(ac, int) and ac >= 0)):
         problems.append(f"activation_checkpointing: expected true, false, a number of layers >= 0 or 'auto', "
@@ -163,6 +166,24 @@ def _check_train(c: TrainConfig) -> list[str]:
     problems += _positive("checkpoints_to_keep", c.checkpoints_to_keep)
     if len(c.adam_betas) != 2:
         problems.append(f"adam_betas: expected two numbers, got {list(c.adam_betas)!r}")
+    return problems
+
+
+def _check_engine(c: TrainConfig) -> list[str]:
+    """``engine`` and what FSDP2 does not take: another ZeRO stage than 3, fp16 (no loss scaling), DeepSpeed config."""
+    if c.engine not in ENGINES:
+        return [f"engine: expected one of {list(ENGINES)}, got {c.engine!r}"]
+    if c.engine != "fsdp2":
+        return []
+    problems = []
+    if c.zero_stage not in (3, "auto") or isinstance(c.zero_stage, bool):
+        problems.append(f"zero_stage: expected 3 or 'auto' with engine 'fsdp2' (it shards like ZeRO-3), "
+                        f"got {c.zero_stage!r}")
+    if c.precision == "fp16":
+        problems.append("precision: expected auto, bf16 or fp32 with engine 'fsdp2' (no fp16 loss scaling), "
+                        "got 'fp16'")
+    if c.deepspeed:
+        problems.append(f"deepspeed: expected no DeepSpeed config with engine 'fsdp2', got {c.deepspeed!r}")
     return problems
 
 

@@ -22,6 +22,7 @@ plus the activations: per token and decoder layer ``ACTIVATION_BYTES`` (bf16, co
 layers that are not checkpointed, 2 h for those that are, one layer's worth during its recompute, and the fused
 loss's workspace (its float32 hidden-state gradient, the bf16 hidden states, and its 136 MiB chunk).
 Checked against the peaks measured on GPUs (tests/trainable/test_layout.py reads their JSON).
+Under ``train.engine: fsdp2`` the layout is planned as ZeRO-3's (``planned_stage``).
 """
 
 from __future__ import annotations
@@ -244,6 +245,14 @@ def gpu_hours(shape: ModelShape, layout: Layout, tokens: float, seq_len: int) ->
     mfu = RECORDED_MFU.get((layout.zero_stage, layout.workers > 1), RECORDED_MFU[(2, True)])
     recompute = 1 + layout.checkpointed / (3 * shape.layers)
     return tokens * shape.flops_per_token(seq_len) * recompute / (mfu * PEAK_FLOPS) / 3600
+
+
+def planned_stage(engine: str, zero_stage: int | str) -> int | None:
+    """The ZeRO stage ``plan_layout`` is held to: 3 under FSDP2 (planned as ZeRO-3's: FSDP2's measured peaks were
+    0.9-0.97x of DeepSpeed ZeRO-3's), else the config's explicit stage, or None ('auto') to choose."""
+    if engine == "fsdp2":
+        return 3
+    return None if zero_stage == "auto" else int(zero_stage)
 
 
 def with_layout(train: Any, layout: Layout, shape: ModelShape | None = None) -> Any:

@@ -50,7 +50,8 @@ class TrialResult:
     device: str | None  # cpu | cuda
     # the layout the engine ran with
     world_size: int | None
-    zero_stage: int | None  # DeepSpeed's ZeRO stage as the engine reports it
+    engine: str | None  # deepspeed | fsdp2: the engine that trained (train.engine; null in older rows)
+    zero_stage: int | None  # ZeRO stage as the engine reports it (FSDP2 shards like ZeRO-3: 3)
     micro_batch_size: int | None  # per rank
     gradient_accumulation_steps: int | None
     activation_checkpointing: int | None  # decoder layers recomputed in the backward (0: none; the layout's choice)

@@ -1,4 +1,5 @@
-"""One trial on one Ray Train worker: seeded SFT through DeepSpeed, then calibration scoring.
+"""One trial on one Ray Train worker: seeded SFT through DeepSpeed (or FSDP2, ``train.engine``), then calibration
+scoring.
 
 ``train_fn_per_worker(config)`` is what ``ray.train.torch.TorchTrainer`` runs on every worker. It reports
 training metrics every ``log_every`` steps and, at the end, the per-task calibration metrics (names
@@ -9,6 +10,7 @@ from the latest one.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -30,9 +32,10 @@ from trainable.ats import trial_ats_head
 from trainable.attention_check import AttentionChoice, choose_attention
 from trainable.compiled import compile_wanted, compiled_decoder_layers, decoder_layers
 from trainable.deepspeed_setup import resolved_stage
-from trainable.export import save_hf_model
+from trainable.export import Gather, save_hf_model
 from trainable.config import TrialConfig
 from trainable.fault_injection import die_if_due, oom_if_due
+from trainable import fsdp2_engine, fsdp2_weights, zero3_scoring
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.result import TrialResult
 from common.models import ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, resolve_model
@@ -42,7 +45,6 @@ from trainable.sequence_packing import iterate_packed_batches, pack_wanted, pack
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 from trainable.step_accounting import StepClock, global_mean_loss, optimizer_step, warmup_step_count
 from trainable.throughput import model_flops_utilization, training_flops_per_token
-from trainable.zero3_scoring import scoring_model
 
 
 class NonFiniteLossError(RuntimeError):
@@ -137,8 +139,8 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     started = time.time()
     setup = set_up(trial, device, rank, world_size, resume_from)
     trained = train(trial, setup, device, rank, world_size, report, report_checkpoint)
-    model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model) if trial.train.save_model \
-        else None
+    model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model, gather_for(setup.engine)) \
+        if trial.train.save_model else None
     scored = score(trial, setup, device, rank, world_size, writers)
     result = trial_result(setup, trained, scored, device, world_size, model_path, time.time() - started)
     final = {"phase": "done", "step": setup.total_steps, "total_steps": setup.total_steps, **result.metrics()}
@@ -162,7 +164,7 @@ class TrialSetup:
     model: torch.nn.Module  # the Hugging Face model (inside ``wrapped``, inside ``engine``)
     facts: dict[str, int]  # common.models.model_facts, taken before ZeRO-3 partitions the weights
     wrapped: CausalLMWithFusedLoss
-    engine: Any  # deepspeed.DeepSpeedEngine
+    engine: Any  # deepspeed.DeepSpeedEngine, or trainable.fsdp2_engine.Fsdp2Engine (train.engine)
     precision: str
     batches: Iterator[dict[str, torch.Tensor]]  # this rank's micro-batches from the resumed step on
     held_out: list[dict]  # validation examples
@@ -177,9 +179,9 @@ class TrialSetup:
 
 def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
            resume_from: Path | None) -> TrialSetup:
-    """Seed, load the model and the SFT data, build the DeepSpeed engine and this rank's batches, check the attention
-    kernels on the first batch and restore ``resume_from``'s checkpoint (after the check: whatever its probe draws,
-    training goes on with the checkpoint's RNGs)."""
+    """Seed, load the model and the SFT data, build the engine (``train.engine``) and this rank's batches, check the
+    attention kernels on the first batch and restore ``resume_from``'s checkpoint (after the check: whatever its probe
+    draws, training goes on with the checkpoint's RNGs)."""
     started = time.time()
     resumed = checkpointing.loop_state(resume_from) if resume_from is not None else None
     start = resumed.step if resumed else 0
@@ -199,8 +201,9 @@ def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
                          f"{resumed.total_steps} steps at {resume_from}")
     wrapped = CausalLMWithFusedLoss(model, trial.label_smoothing, trial.train.loss_impl, trial.train.loss_filter)
 
-    from trainable.deepspeed_setup import build_engine
+    from trainable import deepspeed_setup
 
+    build_engine = fsdp2_engine.build_engine if trial.train.engine == "fsdp2" else deepspeed_setup.build_engine
     oom_if_due(rank, trial.results_dir, trial.run_name, trial.trial_id)
     engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
     skip = start * trial.train.gradient_accumulation_steps
@@ -320,7 +323,7 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
 
 @dataclass
 class Scores:
-    """What the scoring phase measured (rank 0; other ranks under ZeRO-3 help gather and get empty ones)."""
+    """What the scoring phase measured (rank 0; other ranks under ZeRO-3 or FSDP2 help gather and get empty ones)."""
 
     summary: dict[str, dict[str, float]]  # task -> metric -> value (calibration.summary)
     records: Any  # the per-question records (pyarrow Table), or None
@@ -332,7 +335,8 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
           writers: TrialWriters) -> Scores:
     """Calibration of the trained model on ``eval.tasks`` (with an ATS head where ``eval.ats`` says), its questions
     stored (rank 0), and the entropy floor's inputs on the evaluation prompts (rank 0's scorer alone: no
-    collective, ``calibration.entropy.prompt_states``)."""
+    collective, ``calibration.entropy.prompt_states``). Under FSDP2 rank 0 scores its gathered plain copy, made
+    after the optimizer's states are freed (training is over)."""
     from calibration.entropy.prompt_states import evaluation_entropy_stats
     from calibration.evaluate import evaluate_model
 
@@ -340,7 +344,12 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     if not trial.eval.tasks:
         return Scores({}, None, {}, time.time() - started)
     setup.engine.eval()
-    scorer = scoring_model(setup.model, resolved_stage(trial.train, world_size), device, rank, world_size)
+    if isinstance(setup.engine, fsdp2_engine.Fsdp2Engine):
+        setup.engine.drop_optimizer_state()
+        scorer = gather_for(setup.engine)(setup.model, device, rank)
+    else:
+        scorer = zero3_scoring.scoring_model(setup.model, resolved_stage(trial.train, world_size), device, rank,
+                                             world_size)
     if scorer is None:
         return Scores({}, None, {}, time.time() - started)
     tokenizer, backends = setup.tokenizer, setup.attention.backends
@@ -375,7 +384,8 @@ def trial_result(setup: TrialSetup, trained: Training, scored: Scores, device: t
         tokens_per_s=clock.tokens * world_size / max(train_s, 1e-9), tokens_per_s_steady=steady,
         wall_warmup_s=clock.warmup_s(),
         mfu=model_flops_utilization(None if steady is None else steady / world_size, flops, device_name),
-        precision=setup.precision, attention=setup.attention.name, device=str(device.type), world_size=world_size,
+        engine=trial_engine(engine), precision=setup.precision, attention=setup.attention.name,
+        device=str(device.type), world_size=world_size,
         zero_stage=engine.zero_optimization_stage(), micro_batch_size=engine.train_micro_batch_size_per_gpu(),
         gradient_accumulation_steps=engine.gradient_accumulation_steps(),
         activation_checkpointing=trained.recomputed,
@@ -393,12 +403,26 @@ def _write_final(directory: Path, final: dict[str, Any], records, trial: TrialCo
         pq.write_table(records, directory / checkpointing.QUESTIONS_FILE)
 
 
+def gather_for(engine: Any) -> Gather:
+    """How the ranks gather ``engine``'s trained weights into rank 0's plain copy: FSDP2's full state dict (in its
+    compute dtype), else DeepSpeed's gathered parameters."""
+    if isinstance(engine, fsdp2_engine.Fsdp2Engine):
+        return functools.partial(fsdp2_weights.gathered_copy, dtype=engine.compute_dtype)
+    return zero3_scoring.gathered_copy
+
+
+def trial_engine(engine: Any) -> str:
+    """The ``train.engine`` name of the engine that ran: fsdp2 or deepspeed."""
+    return "fsdp2" if isinstance(engine, fsdp2_engine.Fsdp2Engine) else "deepspeed"
+
+
 def save_model(model: torch.nn.Module, tokenizer: Any, trial: TrialConfig, rank: int,
-               write_model: Callable[[str, str, str, str], str]) -> str | None:
+               write_model: Callable[[str, str, str, str], str], gather: Gather) -> str | None:
     """The trained model as a Hugging Face folder in the trial's place of the results store (rank 0 returns it,
-    other ranks None; collective). Written in a temporary folder first, then handed whole to ``write_model``."""
+    other ranks None; collective), its weights gathered by ``gather``. Written in a temporary folder first, then
+    handed whole to ``write_model``."""
     with tempfile.TemporaryDirectory() as directory:
-        saved = save_hf_model(model, tokenizer, rank, directory)
+        saved = save_hf_model(model, tokenizer, rank, directory, gather)
         return write_model(trial.results_dir, trial.run_name, trial.trial_id, saved) if saved else None
 
 

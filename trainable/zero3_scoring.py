@@ -32,7 +32,7 @@ def _fits_everywhere(needed: int, device: torch.device, rank: int, world_size: i
     return bool(flag.item())
 
 
-def _empty_copy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def empty_copy(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """An uninitialised ``type(model)`` of the same config on ``device`` (weights tied as the config says)."""
     from transformers import AutoModelForCausalLM
 
@@ -53,7 +53,7 @@ def gathered_copy(model: nn.Module, device: torch.device, rank: int) -> nn.Modul
     import deepspeed
 
     named = list(model.named_parameters())
-    copy = _empty_copy(model, device, named[0][1].dtype) if rank == 0 else None
+    copy = empty_copy(model, device, named[0][1].dtype) if rank == 0 else None
     targets = dict(copy.named_parameters()) if copy is not None else {}
     chunks, chunk, size = [], [], 0
     for name, parameter in named:

@@ -1,7 +1,8 @@
 """Mid-trial checkpoints without Ray: a trial resumed from its step-2 checkpoint runs steps 3-4 on the same batches,
 learning rates, optimizer state and dropout draws as the uninterrupted trial (bitwise on CPU fp32), in this process
-(ZeRO-2) and in two rank processes (ZeRO-3: each rank's shard, merged as Ray Train merges them); a final checkpoint
-is reported again without training. The process-death tests through Ray are tests/sweeps/test_trial_recovery.py."""
+(ZeRO-2) and in two rank processes (ZeRO-3 and FSDP2: each rank's shard, merged as Ray Train merges them); a final
+checkpoint is reported again without training. The process-death tests through Ray are
+tests/sweeps/test_trial_recovery.py."""
 
 import dataclasses
 import json
@@ -154,6 +155,23 @@ def test_two_zero3_ranks_save_their_shards_and_resume_from_them(tiny_llama_confi
     for key in ("train_loss", "train_loss_first", "val_loss", "train_tokens", "arc_easy_nll", "arc_easy_ece"):
         assert resumed[-1][key] == full[-1][key], key
     assert resumed[-1]["resumed_from_step"] == 2 and resumed[-1]["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_save_their_shards_and_resume_from_them(tiny_llama_config, data_dir, tmp_path):
+    trial = _trial(tiny_llama_config, data_dir, tmp_path, engine="fsdp2", zero_stage=3, max_steps=3,
+                   checkpoint_every_steps=2)
+    full = _two_ranks(trial, tmp_path / "full")
+    saved = tmp_path / "full" / "train2" / checkpointing.DEEPSPEED_DIR / checkpointing.TAG
+    assert {p.name for p in saved.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "schedule.json"}
+    resumed = _two_ranks(dataclasses.replace(trial, results_dir=str(tmp_path / "again")), tmp_path / "again",
+                         resume_from=tmp_path / "full" / "train2")
+    train = {r["step"]: r for r in full if r["phase"] == "train"}
+    assert [(r["step"], r["train_loss"], r["lr"]) for r in resumed if r["phase"] == "train"] == \
+        [(3, train[3]["train_loss"], train[3]["lr"])]
+    for key in ("train_loss", "train_loss_first", "val_loss", "train_tokens", "arc_easy_nll", "arc_easy_ece"):
+        assert resumed[-1][key] == full[-1][key], key
+    assert resumed[-1]["world_size"] == 2 and resumed[-1]["engine"] == "fsdp2"
 
 
 def test_a_resume_on_other_batches_would_show(uninterrupted, tmp_path):

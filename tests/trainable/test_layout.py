@@ -8,8 +8,8 @@ import pytest
 
 from common.models import REGISTRY
 from trainable.config import TrainConfig
-from trainable.layout import (GIB, ModelShape, gpu_hours, model_shape, peak_bytes, plan_layout, with_layout,
-                              zero_buckets)
+from trainable.layout import (GIB, ModelShape, gpu_hours, model_shape, peak_bytes, plan_layout, planned_stage,
+                              with_layout, zero_buckets)
 
 MEASUREMENTS = Path(__file__).parents[2] / "docs" / "measurements"
 RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",
@@ -82,6 +82,19 @@ def test_with_layout_resolves_the_train_section():
     assert zero["reduce_bucket_size"] == 7  # the researcher's own entry wins over the layout's
     assert zero["stage3_max_live_parameters"] == zero_buckets(3, SHAPES["8b"].layer_params, True)[
         "stage3_max_live_parameters"]
+
+
+def test_fsdp2_trials_are_planned_as_zero3():
+    from sweeps.config import load_sweep
+
+    assert planned_stage("fsdp2", "auto") == planned_stage("fsdp2", 3) == 3
+    assert planned_stage("deepspeed", "auto") is None and planned_stage("deepspeed", 2) == 2
+    sweep = load_sweep(None, None, ["train.engine=fsdp2"])  # SmolLM2-135M: ZeRO-0 on one GPU under DeepSpeed
+    assert load_sweep().layout("smollm2-135m").zero_stage == 0
+    layout = sweep.layout("smollm2-135m")
+    train = sweep.trial(sweep.trial_points()[0]).train
+    assert (layout.workers, layout.zero_stage) == (1, 3) and (train.engine, train.zero_stage) == ("fsdp2", 3)
+    assert train.deepspeed == {}
 
 
 def test_gpu_hours_follow_tokens_and_recorded_mfu():
