@@ -180,6 +180,18 @@ class StoreRecorder(Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record(trial, "failed", trial_error(trial))
 
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        """Store as 'failed' each trial Tune ended in error without running it (no error event: e.g. the reused actor
+        it was given could not be reset), so that no trial is lost unrecorded and ``--resume`` runs it."""
+        from sweeps import store
+
+        stored = store.trial_statuses(self.sweep.results_dir, self.sweep.name)
+        for trial in trials:
+            if trial.status == "ERROR" and self.sweep.trial(self.sweep.point(trial.config)).trial_id not in stored:
+                self._record(trial, "failed", trial_error(trial))
+                print(f"[calsweep] {trial}: ended by Tune before it ran ({trial_error(trial)}); stored as failed",
+                      flush=True)
+
 
 def settle_stopped(results_dir: str, run_name: str, errored: dict[str, bool]) -> list[str]:
     """Store as 'stopped' each trial Tune ended without an error (``errored``: trial id -> whether Tune's trial

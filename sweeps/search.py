@@ -62,6 +62,7 @@ def search_algorithm(sweep: SweepConfig):
     url = optuna_storage_url(sweep)
     storage = optuna.storages.RDBStorage(url)
     study_exists = sweep.name in optuna.study.get_all_study_names(storage)
+    done = len(optuna.load_study(study_name=sweep.name, storage=storage).trials) if study_exists else 0
     varied = [key for key, value in search_space(sweep).items() if isinstance(value, Domain)]
     points = [{key: point._asdict()[key] for key in varied} for point in sweep.trial_points()]
     objectives = sweep.search.objectives
@@ -69,8 +70,10 @@ def search_algorithm(sweep: SweepConfig):
         metric=list(objectives) if len(objectives) > 1 else next(iter(objectives)),
         mode=list(objectives.values()) if len(objectives) > 1 else next(iter(objectives.values())),
         points_to_evaluate=points if sweep.search.seed_with_grid and not study_exists else None,
-        sampler=_sampler(sweep.search.sampler, sweep.trial_seeds[0]), study_name=sweep.name, storage=storage,
-        seed=sweep.trial_seeds[0])
+        # a continued study's sampler is seeded past the trials it holds: with the sweep's seed alone it would draw
+        # the first launch's points again (the random sampler exactly), trials already stored
+        sampler=_sampler(sweep.search.sampler, sweep.trial_seeds[0] + done), study_name=sweep.name, storage=storage,
+        seed=sweep.trial_seeds[0] + done)
     return ConcurrencyLimiter(searcher, max_concurrent=sweep.resources.max_concurrent_trials or 1)
 
 

@@ -62,6 +62,11 @@ class Fsdp2Engine:
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer.state.clear()
 
+    def destroy(self) -> None:
+        """At the trial's end, as DeepSpeed's ``destroy``: FSDP2's hooks live on the module, so only the optimizer's
+        states and the gradients are left to free."""
+        self.drop_optimizer_state()
+
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 

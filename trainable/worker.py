@@ -138,11 +138,16 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         return _report_finished(trial, resume_from, rank, report, writers)
     started = time.time()
     setup = set_up(trial, device, rank, world_size, resume_from)
-    trained = train(trial, setup, device, rank, world_size, report, report_checkpoint)
-    model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model, gather_for(setup.engine)) \
-        if trial.train.save_model else None
-    scored = score(trial, setup, device, rank, world_size, writers)
-    result = trial_result(setup, trained, scored, device, world_size, model_path, time.time() - started)
+    try:
+        trained = train(trial, setup, device, rank, world_size, report, report_checkpoint)
+        model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model,
+                                gather_for(setup.engine)) \
+            if trial.train.save_model else None
+        scored = score(trial, setup, device, rank, world_size, writers)
+        result = trial_result(setup, trained, scored, device, world_size, model_path, time.time() - started)
+    finally:  # ZeRO's gradient hooks live in autograd's C++ nodes: until removed, the engine outlives the trial
+        # (FSDP2's engine frees its optimizer states)
+        setup.engine.destroy()
     final = {"phase": "done", "step": setup.total_steps, "total_steps": setup.total_steps, **result.metrics()}
     if report_checkpoint is None:
         report(final)

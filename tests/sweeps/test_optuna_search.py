@@ -99,3 +99,26 @@ def test_shipped_optuna_config_runs_as_it_is(tmp_path, data_dir, capsys):
     lines = capsys.readouterr().out.split("\nLayouts on ")[0].splitlines()  # the layout table follows the trials
     assert lines[0] == "Optuna study 'smollm2_optuna' (tpe): 4 trials this launch, the grid's points first:"
     assert [line.split("_")[2] for line in lines[1:]] == ["ls0", "ls0.3"]  # beta's range ends, then sampled points
+
+
+def test_a_continued_study_draws_new_points(tmp_path):
+    """A second launch of a study seeds its sampler past the trials the study holds: with the sweep's seed alone
+    the random sampler would draw the first launch's points again (trials already stored, re-run as stopped ones)."""
+    from sweeps.config import load_sweep
+    from sweeps.search import search_algorithm, search_space
+
+    sweep = load_sweep(_config(tmp_path, num_samples=4), {}, ["search.sampler=random", "search.seed_with_grid=false",
+                                                              "search.asha=null", "resources.max_concurrent_trials=2"])
+
+    def draw(n: int) -> list[float]:
+        searcher = search_algorithm(sweep)
+        searcher.set_search_properties(None, None, search_space(sweep))
+        points = [searcher.suggest(f"t{i}")["label_smoothing"] for i in range(n)]
+        for i in range(n):
+            searcher.on_trial_complete(f"t{i}", {"arc_easy_ece": 0.1, "arc_easy_accuracy": 0.5})
+        return points
+
+    first, again = draw(2), draw(2)
+    assert len(set(first + again)) == 4
+    storage = f"sqlite:///{tmp_path / 'results' / 'optuna' / 'study.db'}"
+    assert len(optuna.load_study(study_name="study", storage=storage).trials) == 4  # one study, continued

@@ -119,3 +119,17 @@ def test_a_trial_tune_stopped_whose_driver_stored_failed_ends_stopped(tmp_path):
                                           "error": "ActorDiedError: its placement group was removed"})
     assert settle_stopped(str(tmp_path), "r", {"a": False, "b": True, "c": False}) == ["a"]
     assert store.trial_statuses(str(tmp_path), "r") == {"a": "stopped", "b": "failed", "c": "ok"}
+
+
+def test_a_trial_tune_failed_before_it_ran_is_stored_failed(tmp_path, capsys):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    trials = [Trial("trainable", config={**p._asdict(), "provenance": {"git_rev": "abc"}}, stub=True)
+              for p in sweep.trial_points()]
+    store.write_trial(str(tmp_path), {"run_name": sweep.name, "trial_id": sweep.trial(sweep.trial_points()[0]).trial_id,
+                                      "status": "ok"})
+    for trial in trials:  # Tune's word for both; the second never ran (its reused actor could not be reset)
+        trial.set_status(Trial.ERROR)
+    StoreRecorder(sweep).on_experiment_end(trials)
+    first, second = (sweep.trial(p).trial_id for p in sweep.trial_points())
+    assert store.trial_statuses(str(tmp_path), sweep.name) == {first: "ok", second: "failed"}  # a stored row stays
+    assert "ended by Tune before it ran" in capsys.readouterr().out
