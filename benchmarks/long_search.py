@@ -3,7 +3,8 @@ trials per minute and the launcher's memory per trial. Writes JSON (and the laun
 
     python benchmarks/long_search.py --trials 200 --concurrent 8 --out docs/measurements/<date>/long_search
 
-Each trial is a real one (Ray Tune driver, Ray Train worker, DeepSpeed on the CPU, one optimiser step, no scoring),
+Each trial is a real one (Ray Tune driver, a warm trial actor, DeepSpeed on the CPU, one optimiser step, 4 ARC-Easy
+questions scored, so that ``sweeps/analyze.py`` has calibration to read),
 ASHA on the training loss with a grace period of one step, so it can stop trials at their first report; stopped
 trials are stored as ``stopped``. The launcher's resident memory is sampled every second from /proc.
 
@@ -81,7 +82,7 @@ def main() -> None:
     settings = [f"search.num_samples={args.trials}", "search.method=optuna", "search.sampler=random",
                 "search.objectives={train_loss: min}", "learning_rates=[1.0e-4, 1.0e-2]", "label_smoothing=[0.0, 0.3]",
                 "search.asha={metric: train_loss, grace_period: 1, reduction_factor: 2}", "train.max_steps=1",
-                "train.attention_check=false", "eval.tasks=[]", "train.val_examples=0",
+                "train.attention_check=false", "eval.tasks=[arc_easy]", "eval.limit=4", "train.val_examples=0",
                 f"resources.max_concurrent_trials={args.concurrent}",
                 f"resources.cpus_per_worker={2 / args.concurrent:g}", "resources.max_failures=0"]
     command = [sys.executable, str(REPO / "sweeps" / "launch.py"), "--config", str(CONFIG), "--name", "long",

@@ -38,6 +38,8 @@ SCORED_METRICS = ("accuracy", "ece", "rms_ce")  # the trial columns that have a 
 SCORE_NAMES = {"loglik": "softmax over the choices' summed log-likelihoods",
                "loglik_norm": "softmax over the choices' length-normalised log-likelihoods (lm-eval's acc_norm)"}
 
+LISTED = 10  # trials named in the note on left-out trials; the rest are counted
+
 
 @dataclass
 class Results:
@@ -93,8 +95,10 @@ def load_results(root: str, filters: dict[str, set[str]] | None = None, score: s
         trials = trials[trials[FILTER_COLUMNS[key]].isin(values)]
     not_ok = trials[trials["status"] != "ok"]
     if len(not_ok):
-        listed = ", ".join(f"{t} ({s})" for t, s in zip(not_ok["trial"], not_ok["status"]))
-        notes.append(f"left out {len(not_ok)} trial(s) that did not finish ok: {listed}")
+        listed = ", ".join(f"{t} ({s})" for t, s in zip(not_ok["trial"][:LISTED], not_ok["status"][:LISTED]))
+        more = f" and {len(not_ok) - LISTED} more" if len(not_ok) > LISTED else ""
+        counts = ", ".join(f"{n} {status}" for status, n in not_ok["status"].value_counts().sort_index().items())
+        notes.append(f"left out {len(not_ok)} trial(s) that did not finish ok ({counts}): {listed}{more}")
     trials = trials[trials["status"] == "ok"].reset_index(drop=True)
     if trials.empty:
         raise ValueError(f"expected ok trials matching {filters or 'the store'}, got none ({len(not_ok)} not ok)")

@@ -60,7 +60,7 @@ def best_betas(table: pd.DataFrame, tasks: tuple[str, ...], notes: list[str]) ->
         if 0.0 not in by_beta.index or smoothed.empty:
             missing = "beta = 0" if 0.0 not in by_beta.index else "beta > 0"
             notes.append(f"{dataset}/{family}: no {missing} trial, so no change in ECE, paired difference or "
-                         f"reliability pair (betas present: {sorted(by_beta.index)})")
+                         f"reliability pair (betas present: {_betas(by_beta.index)})")
             continue
         for task in tasks:
             scored = smoothed[f"{task}_ece"].dropna()
@@ -73,3 +73,11 @@ def best_betas(table: pd.DataFrame, tasks: tuple[str, ...], notes: list[str]) ->
                          "hidden_size": group["hidden_size"].iloc[0], "task": task, "best_beta": best,
                          "ece_beta0": base, "ece_best_beta": scored[best], "delta_ece": scored[best] - base})
     return pd.DataFrame(rows, columns=DELTA_COLUMNS)
+
+
+def _betas(betas, shown: int = 8) -> str:
+    """'0.1, 0.2, ..., 0.3 (12 betas)': the sorted betas, the first ``shown`` and the last where there are more."""
+    values = sorted(set(betas))
+    if len(values) <= shown:
+        return ", ".join(f"{b:g}" for b in values)
+    return ", ".join(f"{b:.3g}" for b in values[:shown - 1]) + f", ..., {values[-1]:.3g} ({len(values)} betas)"
