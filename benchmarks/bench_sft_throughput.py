@@ -28,10 +28,10 @@ and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embeddi
 Peak memory is the largest over the ranks (PyTorch's allocator), beside ``trainable.layout``'s prediction for
 the row's layout. Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
 into calsweep's DeepSpeed config (knob trials). ``calsweep_engine_compile`` is DeepSpeed's own compiler
-(``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop. ``calsweep_fsdp2`` (rows of
-stage 3, or auto: its micro-batch, accumulation and recomputed layers) is the same model, fused loss, compiled layers and fused AdamW sharded by PyTorch's FSDP2 instead
-(``fully_shard`` per decoder layer and on the root; bf16 compute, fp32 master weights and gradient reduction):
-ZeRO-3's layout under another engine.
+(``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop. ``calsweep_fsdp2`` (rows of stage 3,
+or auto: its micro-batch, accumulation and recomputed layers) is the same model, fused loss, compiled layers and fused
+AdamW sharded by PyTorch's FSDP2 instead (``fully_shard`` per decoder layer and on the root; bf16 compute, fp32 master
+weights and gradient reduction): ZeRO-3's layout under another engine.
 """
 
 from __future__ import annotations
@@ -286,7 +286,8 @@ def run_fsdp2(args, row: dict) -> dict:
         return global_mean_loss(summed, len(micro), world)
 
     torch._dynamo.reset()
-    with recomputed_layers(model, layout.checkpointed), compiled_decoder_layers(model, device.type == "cuda") as compiled:
+    with recomputed_layers(model, layout.checkpointed), \
+            compiled_decoder_layers(model, device.type == "cuda") as compiled:
         result, first_steps = _timed(args, row, step, device, flops, tokens,
                                      f"calsweep (FSDP2, fused LS-CE{', compiled layers' if compiled else ''})")
     result.update(zero_stage=3, micro_batch=layout.micro_batch_size, accumulation=layout.gradient_accumulation_steps,

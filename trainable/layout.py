@@ -107,13 +107,15 @@ class Layout:
     def peak_gib(self) -> float:
         return self.peak_bytes / GIB
 
-    def describe(self, layers: int | None = None) -> str:
-        """'2 GPUs, ZeRO-2, micro-batch 2 x 1, 8/32 layers checkpointed' style summary."""
+    def describe(self, layers: int | None = None, engine: str = "deepspeed") -> str:
+        """'2 GPUs, ZeRO-2, micro-batch 2 x 1, 8/32 layers checkpointed' style summary; under FSDP2 (``engine``)
+        'FSDP2 (ZeRO-3 layout)' stands for the stage."""
         gpus = f"{self.workers} GPU{'s' if self.workers > 1 else ''}"
         ac = f", {self.checkpointed}/{layers} layers checkpointed" if self.checkpointed and layers else \
             (f", {self.checkpointed} layers checkpointed" if self.checkpointed else "")
         batch = f"micro-batch {self.micro_batch_size} x {self.gradient_accumulation_steps}"
-        return f"{gpus}, ZeRO-{self.zero_stage}, {batch}{ac}"
+        stage = "FSDP2 (ZeRO-3 layout)" if engine == "fsdp2" else f"ZeRO-{self.zero_stage}"
+        return f"{gpus}, {stage}, {batch}{ac}"
 
 
 def zero_buckets(stage: int, layer_params: int, wide: bool = False) -> dict[str, Any]:

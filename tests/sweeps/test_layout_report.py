@@ -18,6 +18,8 @@ def test_table_lists_each_family_and_sums_gpu_hours():
     assert trial_tokens(sweep, "llama-3.2-1b", 52_002) == 52_002 * 2048  # one epoch of full rows
     steps = load_sweep(PAPER, {}, ["train.max_steps=10"])
     assert trial_tokens(steps, "llama-3.1-8b", None) == 10 * 128 * 2048  # 10 steps of 128 sequences on 2 GPUs
+    fsdp2 = layout_table(load_sweep(PAPER, {}, ["train.engine=fsdp2"]), sft_rows=52_002)
+    assert "llama-3.1-8b: 2 GPUs, FSDP2 (ZeRO-3 layout), micro-batch 1 x 64" in fsdp2
 
 
 def test_probe_peak_is_checked_against_the_layout():
