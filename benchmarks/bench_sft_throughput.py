@@ -29,9 +29,8 @@ Peak memory is the largest over the ranks (PyTorch's allocator), beside ``traina
 the row's layout. Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
 into calsweep's DeepSpeed config (knob trials). ``calsweep_engine_compile`` is DeepSpeed's own compiler
 (``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop. ``calsweep_fsdp2`` (rows of stage 3,
-or auto: its micro-batch, accumulation and recomputed layers) is the same model, fused loss, compiled layers and fused
-AdamW sharded by PyTorch's FSDP2 instead (``fully_shard`` per decoder layer and on the root; bf16 compute, fp32 master
-weights and gradient reduction): ZeRO-3's layout under another engine.
+or auto: its micro-batch, accumulation and recomputed layers) is the same compiled trial loop on the trials' FSDP2
+engine (``trainable.fsdp2_engine``, ``train.engine: fsdp2``): ZeRO-3's layout under another engine.
 """
 
 from __future__ import annotations
@@ -176,9 +175,9 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     import torch
     import torch.distributed as dist
 
+    from trainable import deepspeed_setup, fsdp2_engine
     from trainable.compiled import compile_wanted, compiled_decoder_layers
     from trainable.config import TrainConfig
-    from trainable.deepspeed_setup import build_engine
     from trainable.layout import with_layout
     from trainable.lm_head import CausalLMWithFusedLoss
     from trainable.recompute import recomputed_layers
@@ -186,15 +185,17 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
-    model = _model(row["shape"], device)
+    fsdp2 = impl == "calsweep_fsdp2"
+    model = _model(row["shape"], device, dtype=torch.float32 if fsdp2 else None)  # FSDP2 keeps fp32 master weights
     flops = _flops_per_token(model, args.seq_len)
     shape, layout = _layout(args, row, model, device)
     wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
-    ds = json.loads(args.ds) if args.ds else {}
+    ds = json.loads(args.ds) if args.ds and not fsdp2 else {}
     if impl == "calsweep_engine_compile":
         ds = {**ds, "compile": {"deepcompile": True}}
     train = with_layout(TrainConfig(max_steps=args.warmup + args.steps, precision="auto", warmup_ratio=0.0,
-                                    compile=impl == "calsweep", deepspeed=ds), layout, shape)
+                                    compile=impl in ("calsweep", "calsweep_fsdp2"), deepspeed=ds), layout, shape)
+    build_engine = fsdp2_engine.build_engine if fsdp2 else deepspeed_setup.build_engine
     engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world)
     if impl == "calsweep_engine_compile":  # DeepSpeed's own torch.compile of the whole module (ZeRO-3 aware hooks)
         engine.compile()
@@ -210,13 +211,14 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     with recomputed_layers(model, layout.checkpointed), \
             compiled_decoder_layers(model, compile_wanted(train.compile, device)) as compiled:
         how = ", compiled layers" if compiled else ", deepcompile" if impl == "calsweep_engine_compile" else ""
+        sharding = "FSDP2" if fsdp2 else f"ZeRO-{layout.zero_stage}"
         result, first_steps = _timed(args, row, step, device, flops, tokens,
-                                     f"calsweep (ZeRO-{layout.zero_stage}, fused LS-CE{how})")
-        result.update(zero_stage=layout.zero_stage, micro_batch=layout.micro_batch_size,
+                                     f"calsweep ({sharding}, fused LS-CE{how})")
+        result.update(zero_stage=3 if fsdp2 else layout.zero_stage, micro_batch=layout.micro_batch_size,
                       accumulation=layout.gradient_accumulation_steps, recomputed_layers=int(layout.checkpointed),
                       layers=shape.layers, predicted_peak_gib=layout.peak_gib, warmup_step_s=first_steps,
-                      wide_buckets=layout.wide_buckets, deepspeed_overrides=ds,
-                      **_dynamo_counts())
+                      wide_buckets=False if fsdp2 else layout.wide_buckets, deepspeed_overrides=ds,
+                      **({"engine": "fsdp2"} if fsdp2 else {}), **_dynamo_counts())
         if args.profile and rank == 0:
             _profile(step, args.profile, args.trace)
     return result
@@ -225,8 +227,6 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
 def _timed(args, row: dict, step, device, flops: float, tokens: list[int], name: str) -> tuple[dict, list[float]]:
     """``--warmup`` steps (the seconds from the start to the end of each), then ``--steps`` timed ones: the
     row's result and the warm-up times. ``tokens[0]`` is the count ``step`` adds its real tokens to."""
-    import time
-
     started = time.perf_counter()
     first_steps = []
     for _ in range(args.warmup):
@@ -239,61 +239,6 @@ def _timed(args, row: dict, step, device, flops: float, tokens: list[int], name:
         loss = step()
     _sync_end(device)
     return _result(name, args, row, time.perf_counter() - started, flops, loss, tokens[0]), first_steps
-
-
-def run_fsdp2(args, row: dict) -> dict:
-    """The calsweep row under FSDP2: ``fully_shard`` on each decoder layer, then on the loss-wrapped root
-    (embedding, final norm and the fused head, tied or not); parameters fp32, compute bf16, gradients reduced in
-    fp32; the loss and step as in ``trainable.step_accounting`` (sum of response-token losses over T_step / (A R))."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from trainable.compiled import compiled_decoder_layers, decoder_layers
-    from trainable.lm_head import CausalLMWithFusedLoss
-    from trainable.recompute import recomputed_layers
-    from trainable.step_accounting import global_mean_loss, step_loss_divisor
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = _device()
-    model = _model(row["shape"], device, dtype=torch.float32)
-    flops = _flops_per_token(model, args.seq_len)
-    shape, layout = _layout(args, row, model, device)
-    wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
-    mesh = init_device_mesh(device.type, (world,))
-    bf16 = device.type == "cuda"
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32, reduce_dtype=torch.float32)
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(wrapped, mesh=mesh, mp_policy=policy)
-    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-5, fused=device.type == "cuda")
-    batches, _ = _rows_of_data(args, row, rank, world, layout.micro_batch_size)
-    tokens = [0]
-
-    def step() -> float:
-        micro = [next(batches) for _ in range(layout.gradient_accumulation_steps)]
-        tokens[0] += sum(int(batch["attention_mask"].sum()) for batch in micro)
-        divisor = step_loss_divisor(micro, device, world)
-        summed = torch.zeros((), device=device)
-        for batch in micro:  # each backward reduce-scatters: unsynced micro-batches would hold unsharded grads
-            loss = wrapped(**{k: v.to(device, non_blocking=True) for k, v in batch.items()}, loss_divisor=divisor)
-            (loss / len(micro)).backward()
-            summed += loss.detach()
-        torch.nn.utils.clip_grad_norm_(wrapped.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return global_mean_loss(summed, len(micro), world)
-
-    torch._dynamo.reset()
-    with recomputed_layers(model, layout.checkpointed), \
-            compiled_decoder_layers(model, device.type == "cuda") as compiled:
-        result, first_steps = _timed(args, row, step, device, flops, tokens,
-                                     f"calsweep (FSDP2, fused LS-CE{', compiled layers' if compiled else ''})")
-    result.update(zero_stage=3, micro_batch=layout.micro_batch_size, accumulation=layout.gradient_accumulation_steps,
-                  recomputed_layers=int(layout.checkpointed), layers=shape.layers, predicted_peak_gib=layout.peak_gib,
-                  warmup_step_s=first_steps, wide_buckets=False, engine="fsdp2", **_dynamo_counts())
-    return result
 
 
 def _sync_end(device) -> None:
@@ -416,8 +361,7 @@ def worker(args) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     row = parse_row(args.row)
-    runs = {"hf_trainer": run_hf_trainer, "calsweep_fsdp2": run_fsdp2}
-    result = runs[args.impl](args, row) if args.impl in runs else run_calsweep(args, row, args.impl)
+    result = run_hf_trainer(args, row) if args.impl == "hf_trainer" else run_calsweep(args, row, args.impl)
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(result))
     dist.barrier()
