@@ -8,20 +8,21 @@ A row is ``shape:gpus:zero_stage:batch_per_gpu:data``; the defaults are issue 35
 (ZeRO-0, ZeRO-3), on two (ZeRO-2, ZeRO-3, auto), the 8B shape on two (ZeRO-2, ZeRO-3, auto) and packed Alpaca.
 ``auto`` takes ``trainable.layout.plan_layout``'s choice for that many GPUs of this host's memory and the row's
 sequences per step (batch x GPUs): stage, micro-batch x accumulation and recomputed layers, as a sweep trial
-would; ``--recompute K`` recomputes the first K decoder layers of the other rows. Shapes: ``1b``
-Llama-3.2-1B (1.24B params, vocab 128,256, tied), ``8b`` Llama-3.1-8B (8.03B, untied); random init in bf16 on
-the GPU, SDPA attention, sequence ``--seq-len`` (2048). ``random``: one batch of random tokens, every token
-labelled. ``alpaca``: the project's SFT data path (``trainable.sft_data.build_sft_examples`` on Alpaca under
-``--data-dir`` with the ``--tokenizer`` family or folder, loss on responses only) in packed rows of
-``--seq-len`` tokens (``trainable.sequence_packing``), the same rows for every implementation. A row that needs more
-GPUs than the host has is listed as skipped.
+would; ``--recompute K`` recomputes the first K decoder layers of the other rows and ``--micro-batch M`` splits
+their batch into micro-batches of M. Shapes: ``1b`` Llama-3.2-1B (1.24B params, vocab 128,256, tied), ``8b``
+Llama-3.1-8B (8.03B, untied); random init in bf16 on the GPU, SDPA attention, sequence ``--seq-len`` (2048).
+``random``: one batch of random tokens, every token labelled. ``alpaca``: the project's SFT data path
+(``trainable.sft_data.build_sft_examples`` on Alpaca under ``--data-dir`` with the ``--tokenizer`` family or
+folder, loss on responses only) in packed rows of ``--seq-len`` tokens (``trainable.sequence_packing``), the same
+rows for every implementation. A row that needs more GPUs than the host has is listed as skipped.
 
 Each (row, implementation) runs under ``torchrun`` in its own processes (clean peak-memory counters):
 ``--warmup`` optimiser steps, then ``--steps`` timed ones. Implementations:
 - ``hf_trainer``: ``Trainer`` + DeepSpeed (its "auto" ZeRO buckets), ``label_smoothing_factor``, fused AdamW.
 - ``calsweep_eager`` / ``calsweep``: the trial loop (``trainable.step_accounting.optimizer_step``: DeepSpeed
   engine from ``trainable.deepspeed_setup``, fused label-smoothed loss, torch's fused AdamW) without / with the
-  trial's compilation (``trainable.compiled``, the CUDA default).
+  trial's compilation (``trainable.compiled``, the CUDA default). On an ``auto`` row ``calsweep`` runs what a
+  trial runs by default: a ZeRO-3 layout on FSDP2 (``trainable.config.zero3_engine``).
 Tokens/s count real (non-padding) tokens over all ranks, per GPU. For the Trainer they are counted as its data
 collator hands rows out (its loader runs one batch ahead at both ends of the timed window, so the counts shift
 and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embedding params + the LM head.
@@ -144,14 +145,15 @@ def _rows_of_data(args, row: dict, rank: int, world: int, micro_batch: int | Non
     return batches, [{k: v[i] for k, v in every_row.items()} for i in range(len(rows))]
 
 
-def _layout(args, row: dict, model, device):
-    """The row's ``trainable.layout.Layout``: planned for 'auto', else the row's stage with its whole batch as
-    the micro-batch and ``--recompute`` layers (its ``peak_bytes`` the memory model's prediction either way)."""
+def _layout(args, row: dict, device, zero3: str):
+    """The row's ``trainable.layout.Layout``: planned for 'auto', else the row's stage with ``--micro-batch``
+    (default the whole batch) and ``--recompute`` layers (its ``peak_bytes`` the memory model's prediction either
+    way)."""
     import torch
 
     from trainable.layout import Layout, ModelShape, peak_bytes, plan_layout
 
-    shape = ModelShape.from_config(model.config, sum(p.numel() for p in model.parameters()))
+    shape = ModelShape.from_config(SHAPES[row["shape"]])
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
     if args.gpu_memory_gib:  # plan for, and cap PyTorch at, a smaller GPU's memory (an H100's on an H200)
         if device.type == "cuda":
@@ -159,9 +161,14 @@ def _layout(args, row: dict, model, device):
         memory = args.gpu_memory_gib * 2**30
     if row["zero"] == "auto":
         return shape, plan_layout(shape, args.seq_len, row["batch"] * row["gpus"], row["batch"], memory,
-                                  workers=row["gpus"])
-    peak = peak_bytes(shape, row["zero"], row["gpus"], row["batch"], args.seq_len, args.recompute)
-    return shape, Layout(row["gpus"], row["zero"], row["batch"], 1, args.recompute, peak, float("nan"))
+                                  workers=row["gpus"], zero3_engine=zero3)
+    micro = args.micro_batch or row["batch"]
+    if row["batch"] % micro:
+        raise ValueError(f"expected --micro-batch to divide the row's batch per GPU {row['batch']}, got {micro}")
+    engine = zero3 if row["zero"] == 3 else "deepspeed"
+    peak = peak_bytes(shape, row["zero"], row["gpus"], micro, args.seq_len, args.recompute, engine=engine)
+    return shape, Layout(row["gpus"], row["zero"], micro, row["batch"] // micro, args.recompute, peak, float("nan"),
+                         engine=engine)
 
 
 def _dynamo_counts() -> dict[str, int]:
@@ -177,20 +184,24 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
 
     from trainable import deepspeed_setup, fsdp2_engine
     from trainable.compiled import compile_wanted, compiled_decoder_layers
-    from trainable.config import TrainConfig
+    from trainable.config import TrainConfig, zero3_engine
     from trainable.layout import with_layout
     from trainable.lm_head import CausalLMWithFusedLoss
     from trainable.recompute import recomputed_layers
-    from trainable.step_accounting import global_mean_loss, optimizer_step
+    from trainable.step_accounting import PendingLoss, optimizer_step
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
-    fsdp2 = impl == "calsweep_fsdp2"
+    ds = json.loads(args.ds) if args.ds else {}
+    # ZeRO-3's engine: FSDP2 for calsweep_fsdp2, a trial's default (trainable.config.zero3_engine) on auto rows
+    zero3 = "fsdp2" if impl == "calsweep_fsdp2" else \
+        zero3_engine(TrainConfig(deepspeed=ds)) if impl == "calsweep" and row["zero"] == "auto" else "deepspeed"
+    shape, layout = _layout(args, row, device, zero3)
+    fsdp2 = layout.engine == "fsdp2"
+    ds = {} if fsdp2 else ds
     model = _model(row["shape"], device, dtype=torch.float32 if fsdp2 else None)  # FSDP2 keeps fp32 master weights
     flops = _flops_per_token(model, args.seq_len)
-    shape, layout = _layout(args, row, model, device)
     wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
-    ds = json.loads(args.ds) if args.ds and not fsdp2 else {}
     if impl == "calsweep_engine_compile":
         ds = {**ds, "compile": {"deepcompile": True}}
     train = with_layout(TrainConfig(max_steps=args.warmup + args.steps, precision="auto", warmup_ratio=0.0,
@@ -202,10 +213,10 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     batches, _ = _rows_of_data(args, row, rank, world, layout.micro_batch_size)
     tokens = [0]
 
-    def step() -> float:
+    def step() -> PendingLoss:
         micro = [next(batches) for _ in range(layout.gradient_accumulation_steps)]
         tokens[0] += sum(int(batch["attention_mask"].sum()) for batch in micro)
-        return global_mean_loss(optimizer_step(engine, micro, device, world), len(micro), world)
+        return PendingLoss(optimizer_step(engine, micro, device, world), len(micro), world)
 
     torch._dynamo.reset()
     with recomputed_layers(model, layout.checkpointed), \
@@ -218,25 +229,31 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
                       accumulation=layout.gradient_accumulation_steps, recomputed_layers=int(layout.checkpointed),
                       layers=shape.layers, predicted_peak_gib=layout.peak_gib, warmup_step_s=first_steps,
                       wide_buckets=False if fsdp2 else layout.wide_buckets, deepspeed_overrides=ds,
-                      **({"engine": "fsdp2"} if fsdp2 else {}), **_dynamo_counts())
+                      engine=layout.engine, **_dynamo_counts())
         if args.profile and rank == 0:
             _profile(step, args.profile, args.trace)
     return result
 
 
 def _timed(args, row: dict, step, device, flops: float, tokens: list[int], name: str) -> tuple[dict, list[float]]:
-    """``--warmup`` steps (the seconds from the start to the end of each), then ``--steps`` timed ones: the
-    row's result and the warm-up times. ``tokens[0]`` is the count ``step`` adds its real tokens to."""
+    """``--warmup`` steps (the seconds from the start to the end of each), then ``--steps`` timed ones, each
+    step's loss read after the next is queued, as the trial loop reads a quiet step's: the row's result and the
+    warm-up times. ``tokens[0]`` is the count ``step`` adds its real tokens to."""
     started = time.perf_counter()
     first_steps = []
     for _ in range(args.warmup):
-        step()
+        step().value()
         _sync_end(device)
         first_steps.append(time.perf_counter() - started)
     _sync(device)
     started, tokens[0] = time.perf_counter(), 0
+    previous = None
     for _ in range(args.steps):
-        loss = step()
+        pending = step()
+        if previous is not None:
+            previous.value()
+        previous = pending
+    loss = previous.value()
     _sync_end(device)
     return _result(name, args, row, time.perf_counter() - started, flops, loss, tokens[0]), first_steps
 
@@ -374,7 +391,7 @@ def _launch(args, row: dict, impl: str, part: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={row['gpus']}",
                __file__, "--worker", "--impl", impl, "--row", row_name(row), "--out", str(part)] + \
         [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-         if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute",
+         if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute", "micro_batch",
                                   "gpu_memory_gib")
          and v]
     completed = subprocess.run(command, text=True)
@@ -437,6 +454,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="plan auto rows for GPUs of this memory and cap PyTorch's allocator there (79.6: H100)")
     parser.add_argument("--recompute", type=int, default=0,
                         help="calsweep rows with a stage: recompute the first K decoder layers in the backward")
+    parser.add_argument("--micro-batch", type=int, default=0,
+                        help="calsweep rows with a stage: micro-batch per GPU (accumulating to the row's batch)")
     parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps on rank 0")
     parser.add_argument("--trace", default=None, help="with --profile: write the Chrome trace here")
     parser.add_argument("--out", default="sft_throughput.json")

@@ -23,7 +23,7 @@ import yaml
 
 from common.config import ConfigError, build, suggest
 from trainable.config import (CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, check_label_smoothing,
-                              check_learning_rate)
+                              check_learning_rate, zero3_engine)
 from trainable.layout import GIB, Layout, ModelShape, model_shape, plan_layout, planned_stage, with_layout
 
 SAMPLERS = ("tpe", "random", "cmaes", "nsga2", "gp")
@@ -216,17 +216,19 @@ def _planned(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, f
                  train.micro_batch_size * train.gradient_accumulation_steps * (workers or 1), train.micro_batch_size,
                  resources.gpu_memory_gb, workers, resources.max_workers_per_trial,
                  planned_stage(train.engine, train.zero_stage),
-                 None if train.activation_checkpointing == "auto" else train.activation_checkpointing)
+                 None if train.activation_checkpointing == "auto" else train.activation_checkpointing,
+                 zero3_engine(train))
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(family: str, custom_key: str, seq_len: int, sequences: int, micro_batch: int, gpu_memory_gb: float,
-          workers: int | None, max_workers: int, stage: int | None, checkpointing: bool | int | None) -> Layout | None:
+          workers: int | None, max_workers: int, stage: int | None, checkpointing: bool | int | None,
+          engine: str) -> Layout | None:
     shape = _shape(family, custom_key)
     if shape is None:
         return None
     return plan_layout(shape, seq_len, sequences, micro_batch, gpu_memory_gb * GIB, workers=workers,
-                       max_workers=max_workers, stage=stage, checkpointing=checkpointing)
+                       max_workers=max_workers, stage=stage, checkpointing=checkpointing, zero3_engine=engine)
 
 
 def _layout(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, family: str, custom_key: str) -> Layout:
@@ -236,10 +238,10 @@ def _layout(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, fa
         planned = None
     if planned is not None:
         return planned
-    ac = train.activation_checkpointing
+    ac, stage = train.activation_checkpointing, planned_stage(train.engine, train.zero_stage) or 0
     return Layout(resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else 1,
-                  planned_stage(train.engine, train.zero_stage) or 0, train.micro_batch_size,
-                  train.gradient_accumulation_steps, False if ac == "auto" else ac, math.nan, math.nan)
+                  stage, train.micro_batch_size, train.gradient_accumulation_steps, False if ac == "auto" else ac,
+                  math.nan, math.nan, engine=zero3_engine(train) if stage == 3 else "deepspeed")
 
 
 def trial_id(family: str, learning_rate: float, label_smoothing: float, seed: int) -> str:

@@ -45,7 +45,7 @@ def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
         problem = sweep.layout_problem(family)
         if shape is None or problem:
             why = problem or "shape unknown (no readable model config)"
-            lines.append(f"  {family}: {layout.describe(engine=sweep.train.engine)} as configured; {why}")
+            lines.append(f"  {family}: {layout.describe()} as configured; {why}")
             known = False
             continue
         tokens = trial_tokens(sweep, family, sft_rows)
@@ -53,7 +53,7 @@ def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
         total += hours or 0.0
         known = known and hours is not None
         cost = f"{hours:.3g} GPU-hours" if hours is not None else "GPU-hours unknown (steps unknown)"
-        lines.append(f"  {family}: {layout.describe(shape.layers, sweep.train.engine)}; peak {layout.peak_gib:.1f} GiB "
+        lines.append(f"  {family}: {layout.describe(shape.layers)}; peak {layout.peak_gib:.1f} GiB "
                      f"per GPU; {trials[family]} trial(s), {cost}")
     lines.append(f"  sweep: {total:.3g} GPU-hours" + ("" if known else " for the families above that are known"))
     return "\n".join(lines)

@@ -68,7 +68,7 @@ class TrainConfig:
     micro_batch_size: int = 4  # sequences per worker per forward
     gradient_accumulation_steps: int = 1  # micro-batches per optimiser step
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
-    engine: str = "deepspeed"  # deepspeed | fsdp2: PyTorch fully_shard, sharded like ZeRO-3 (trainable/fsdp2_engine.py)
+    engine: str = "auto"  # auto (ZeRO-3 layouts on FSDP2, the rest on DeepSpeed) | deepspeed | fsdp2 (fsdp2_engine.py)
     zero_stage: int | str = "auto"  # 0-3, or auto: the cheapest that fits (trainable/layout.py); fsdp2: 3 or auto
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
@@ -117,7 +117,7 @@ class EvalConfig:
 
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-ENGINES = ("deepspeed", "fsdp2")
+ENGINES = ("auto", "deepspeed", "fsdp2")
 SCHEDULES = ("cosine", "linear", "constant")
 
 
@@ -167,6 +167,21 @@ def _check_train(c: TrainConfig) -> list[str]:
     if len(c.adam_betas) != 2:
         problems.append(f"adam_betas: expected two numbers, got {list(c.adam_betas)!r}")
     return problems
+
+
+def zero3_engine(train: TrainConfig) -> str:
+    """The engine of a ZeRO-3 layout: FSDP2 under ``engine: fsdp2``, and under ``auto`` unless the config asks for
+    DeepSpeed's own (a ``deepspeed`` section, fp16 loss scaling); FSDP2 trained the ZeRO-3 layouts faster in the
+    same runs (docs/results.md, "Sharded training")."""
+    if train.engine == "auto":
+        return "deepspeed" if train.deepspeed or train.precision == "fp16" else "fsdp2"
+    return train.engine
+
+
+def engine_for(train: TrainConfig) -> str:
+    """The engine that trains ``train``: ``zero3_engine`` for stage 3, DeepSpeed for any other stage (and for an
+    unresolved 'auto' stage: ``deepspeed_setup.resolved_stage`` makes it 0 or 2)."""
+    return zero3_engine(train) if train.zero_stage == 3 or train.engine == "fsdp2" else "deepspeed"
 
 
 def _check_engine(c: TrainConfig) -> list[str]:

@@ -22,7 +22,14 @@ plus the activations: per token and decoder layer ``ACTIVATION_BYTES`` (bf16, co
 layers that are not checkpointed, 2 h for those that are, one layer's worth during its recompute, and the fused
 loss's workspace (its float32 hidden-state gradient, the bf16 hidden states, and its 136 MiB chunk).
 Checked against the peaks measured on GPUs (tests/trainable/test_layout.py reads their JSON).
-Under ``train.engine: fsdp2`` the layout is planned as ZeRO-3's (``planned_stage``).
+
+A ZeRO-3 layout runs on the engine ``trainable.config.zero3_engine`` names (FSDP2 by default), planned with that
+engine's memory model and MFU. FSDP2 keeps float32 weights, gradients and AdamW moments sharded and gathers bf16
+copies per layer:
+    FSDP2:    16P/N + 1.5 bytes per LM-head parameter + 0.8 x the activations above
+(fitted to its measured peaks: Inductor recomputes more inside its compiled layers than inside DeepSpeed's, whose
+linear autograd function it cannot see into). Under ``train.engine: fsdp2`` the layout is ZeRO-3's
+(``planned_stage``).
 """
 
 from __future__ import annotations
@@ -48,7 +55,13 @@ ACTIVATION_BYTES = {"hidden": 10, "kv": 4, "intermediate": 3.5}
 # 37.5% on one. ZeRO-1 is not measured: ZeRO-2's.
 RECORDED_MFU = {(0, False): 0.41, (0, True): 0.41, (1, True): 0.45, (2, True): 0.45, (3, False): 0.375,
                 (3, True): 0.37}
+# FSDP2's, the same way: (GPUs > 1) -> MFU. 1B on one GPU 46.4% (H200), 42.7% (H100); on two 41.0% (H100); 8B on
+# two 39.6-40.1% (H200).
+RECORDED_MFU_FSDP2 = {False: 0.44, True: 0.40}
+FSDP2_HEAD_BYTES = 1.5  # per LM-head parameter: its gathered bf16 copy and gradient (fitted)
+FSDP2_ACTIVATION_SCALE = 0.8  # of ``activation_bytes`` (fitted)
 STAGES = (0, 1, 2, 3)
+ENGINE_NAMES = {"deepspeed": "ZeRO-{stage}", "fsdp2": "FSDP2 (ZeRO-3 layout)"}
 
 
 @dataclass(frozen=True)
@@ -102,19 +115,20 @@ class Layout:
     peak_bytes: float  # predicted, per GPU (PyTorch's allocator, without the CUDA context)
     cost: float  # GPU-seconds per token relative units: workers / (MFU x recompute factor)
     wide_buckets: bool = False  # ZeRO-3: ``zero_buckets``' wide buckets (else layer-sized, the default)
+    engine: str = "deepspeed"  # the engine that runs it: deepspeed, or fsdp2 (ZeRO-3 layouts only)
 
     @property
     def peak_gib(self) -> float:
         return self.peak_bytes / GIB
 
-    def describe(self, layers: int | None = None, engine: str = "deepspeed") -> str:
-        """'2 GPUs, ZeRO-2, micro-batch 2 x 1, 8/32 layers checkpointed' style summary; under FSDP2 (``engine``)
+    def describe(self, layers: int | None = None) -> str:
+        """'2 GPUs, ZeRO-2, micro-batch 2 x 1, 8/32 layers checkpointed' style summary; under FSDP2
         'FSDP2 (ZeRO-3 layout)' stands for the stage."""
         gpus = f"{self.workers} GPU{'s' if self.workers > 1 else ''}"
         ac = f", {self.checkpointed}/{layers} layers checkpointed" if self.checkpointed and layers else \
             (f", {self.checkpointed} layers checkpointed" if self.checkpointed else "")
         batch = f"micro-batch {self.micro_batch_size} x {self.gradient_accumulation_steps}"
-        stage = "FSDP2 (ZeRO-3 layout)" if engine == "fsdp2" else f"ZeRO-{self.zero_stage}"
+        stage = ENGINE_NAMES[self.engine].format(stage=self.zero_stage)
         return f"{gpus}, {stage}, {batch}{ac}"
 
 
@@ -173,9 +187,22 @@ def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool) -
 
 
 def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
-               checkpointed: int | bool = 0, zero: dict[str, Any] | None = None) -> float:
-    """Predicted peak of PyTorch's allocator per GPU: the states plus the backward's activations."""
-    return state_bytes(shape, stage, workers, zero) + activation_bytes(shape, micro_batch * seq_len, checkpointed)
+               checkpointed: int | bool = 0, zero: dict[str, Any] | None = None, engine: str = "deepspeed") -> float:
+    """Predicted peak of PyTorch's allocator per GPU: the states plus the backward's activations (module
+    docstring; ``engine`` fsdp2 for a ZeRO-3 layout on FSDP2)."""
+    activations = activation_bytes(shape, micro_batch * seq_len, checkpointed)
+    if engine == "fsdp2":
+        comm = NCCL_BUFFER_BYTES if workers > 1 else 0.0
+        return 16 * shape.params / workers + comm + FSDP2_HEAD_BYTES * shape.vocab * shape.hidden \
+            + FSDP2_ACTIVATION_SCALE * activations
+    return state_bytes(shape, stage, workers, zero) + activations
+
+
+def recorded_mfu(engine: str, stage: int, workers: int) -> float:
+    """The MFU recorded for a layout (``RECORDED_MFU``, ``RECORDED_MFU_FSDP2``; ZeRO-1 takes ZeRO-2's)."""
+    if engine == "fsdp2":
+        return RECORDED_MFU_FSDP2[workers > 1]
+    return RECORDED_MFU.get((stage, workers > 1), RECORDED_MFU[(2, True)])
 
 
 def budget_bytes(gpu_memory_bytes: float) -> float:
@@ -189,11 +216,11 @@ def _divisors(n: int) -> list[int]:
 
 def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_batch: int,
                gpu_memory_bytes: float, workers: Iterable[int], stages: tuple[int, ...],
-               checkpointing: bool | int | None) -> list[Layout]:
+               checkpointing: bool | int | None, zero3_engine: str = "deepspeed") -> list[Layout]:
     """Every layout that fits: per (GPUs, stage, micro-batch up to ``micro_batch`` dividing the GPU's share of the
     step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none, True for all,
-    or a count), with ``zero_buckets``' default buckets. A micro-batch below the config's costs 3% (smaller
-    products, more steps of the loop)."""
+    or a count), with ``zero_buckets``' default buckets; ZeRO-3 on ``zero3_engine``. A micro-batch below the
+    config's costs 3% (smaller products, more steps of the loop)."""
     budget, fitting = budget_bytes(gpu_memory_bytes), []
     for n in workers:
         if sequences_per_step % n:
@@ -202,18 +229,19 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
         for stage in stages:
             if len(stages) > 1 and (stage > 0) != (n > 1) or len(stages) > 1 and stage == 1:
                 continue  # choosing: ZeRO-0 on one GPU (nothing to partition), ZeRO-2 or 3 across GPUs
-            mfu = RECORDED_MFU.get((stage, n > 1), RECORDED_MFU[(2, True)])
+            engine = zero3_engine if stage == 3 else "deepspeed"
+            mfu = recorded_mfu(engine, stage, n)
             for micro in (d for d in _divisors(share) if d <= micro_batch):
                 wide = False  # zero_buckets' default (see there)
                 zero = zero_buckets(stage, shape.layer_params, wide)
                 layers = _checkpoint_choices(shape.layers, checkpointing)
-                k = next((k for k in layers if peak_bytes(shape, stage, n, micro, seq_len, k, zero) <= budget), None)
+                peaks = {k: peak_bytes(shape, stage, n, micro, seq_len, k, zero, engine) for k in layers}
+                k = next((k for k in layers if peaks[k] <= budget), None)
                 if k is None:
                     continue
                 slower = 1.03 if micro < micro_batch else 1.0
                 cost = n / (mfu / (1 + k / (3 * shape.layers))) * slower
-                fitting.append(Layout(n, stage, micro, share // micro, k,
-                                      peak_bytes(shape, stage, n, micro, seq_len, k, zero), cost, wide))
+                fitting.append(Layout(n, stage, micro, share // micro, k, peaks[k], cost, wide, engine))
     return fitting
 
 
@@ -227,14 +255,16 @@ def _checkpoint_choices(layers: int, checkpointing: bool | int | None) -> list[i
 
 def plan_layout(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_batch: int,
                 gpu_memory_bytes: float, workers: int | None = None, max_workers: int = 8,
-                stage: int | None = None, checkpointing: bool | int | None = None) -> Layout:
-    """The cheapest fitting layout (module docstring); given ``workers``/``stage``/``checkpointing`` are kept.
-    Raises ValueError naming the model, memory and what was tried when nothing fits."""
+                stage: int | None = None, checkpointing: bool | int | None = None,
+                zero3_engine: str = "deepspeed") -> Layout:
+    """The cheapest fitting layout (module docstring); given ``workers``/``stage``/``checkpointing`` are kept,
+    ZeRO-3 runs on ``zero3_engine``. Raises ValueError naming the model, memory and what was tried when nothing
+    fits."""
     counts = [workers] if workers else [1 << i for i in range(int(math.log2(max_workers)) + 1)]
     fitting = candidates(shape, seq_len, sequences_per_step, micro_batch, gpu_memory_bytes, counts,
-                         (stage,) if stage is not None else STAGES, checkpointing)
+                         (stage,) if stage is not None else STAGES, checkpointing, zero3_engine)
     if not fitting:
-        smallest = peak_bytes(shape, 3, max(counts), 1, seq_len, True) / GIB
+        smallest = peak_bytes(shape, 3, max(counts), 1, seq_len, True, engine=zero3_engine) / GIB
         raise ValueError(f"expected a layout of a {shape.params / 1e9:.2f}B-parameter model ({sequences_per_step} "
                          f"sequences of {seq_len} tokens a step) within {gpu_memory_bytes / GIB:.0f} GiB GPUs on "
                          f"{'/'.join(map(str, counts))} GPUs, got none: the smallest needs {smallest:.1f} GiB per GPU; "
@@ -244,27 +274,28 @@ def plan_layout(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_
 
 def gpu_hours(shape: ModelShape, layout: Layout, tokens: float, seq_len: int) -> float:
     """Predicted GPU-hours to train ``tokens`` tokens: tokens x FLOPs per token / (MFU x peak) x recompute."""
-    mfu = RECORDED_MFU.get((layout.zero_stage, layout.workers > 1), RECORDED_MFU[(2, True)])
+    mfu = recorded_mfu(layout.engine, layout.zero_stage, layout.workers)
     recompute = 1 + layout.checkpointed / (3 * shape.layers)
     return tokens * shape.flops_per_token(seq_len) * recompute / (mfu * PEAK_FLOPS) / 3600
 
 
 def planned_stage(engine: str, zero_stage: int | str) -> int | None:
-    """The ZeRO stage ``plan_layout`` is held to: 3 under FSDP2 (planned as ZeRO-3's: FSDP2's measured peaks were
-    0.9-0.97x of DeepSpeed ZeRO-3's), else the config's explicit stage, or None ('auto') to choose."""
+    """The ZeRO stage ``plan_layout`` is held to: 3 under ``engine: fsdp2`` (it shards as ZeRO-3 does), else the
+    config's explicit stage, or None ('auto') to choose."""
     if engine == "fsdp2":
         return 3
     return None if zero_stage == "auto" else int(zero_stage)
 
 
 def with_layout(train: Any, layout: Layout, shape: ModelShape | None = None) -> Any:
-    """A ``TrainConfig`` with the layout's stage, micro-batch, accumulation and checkpointed layers; wide ZeRO-3
-    buckets go under ``train.deepspeed`` (its own entries still win)."""
+    """A ``TrainConfig`` with the layout's engine, stage, micro-batch, accumulation and checkpointed layers; wide
+    ZeRO-3 buckets go under ``train.deepspeed`` (its own entries still win)."""
     deepspeed = train.deepspeed
     if layout.wide_buckets and shape is not None:
         ours = zero_buckets(layout.zero_stage, shape.layer_params, wide=True)
         deepspeed = {**deepspeed, "zero_optimization": {**ours, **deepspeed.get("zero_optimization", {})}}
-    return dataclasses.replace(train, zero_stage=layout.zero_stage, micro_batch_size=layout.micro_batch_size,
+    return dataclasses.replace(train, engine=layout.engine, zero_stage=layout.zero_stage,
+                               micro_batch_size=layout.micro_batch_size,
                                gradient_accumulation_steps=layout.gradient_accumulation_steps,
                                activation_checkpointing=layout.checkpointed, deepspeed=deepspeed)
 

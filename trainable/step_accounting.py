@@ -3,8 +3,11 @@
 The loss of a step is the mean over all its response tokens, across micro-batches and ranks:
     loss_step = sum over micro-batches m, ranks r, response tokens t of l_t / T_step
 DeepSpeed divides each micro-batch's loss by the accumulation steps A and averages gradients over the R ranks,
-so each micro-batch returns sum_t l_t / (T_step / (A R)); T_step is counted from the labels before the forwards
-(one all-reduce of a device scalar, no host sync).
+so each micro-batch returns sum_t l_t / (T_step / (A R)); T_step is counted on the device from the labels before
+the forwards (one all-reduce of a device scalar, no host sync).
+
+A step queues its work without waiting for the GPU: the micro-batches go up from pinned memory, and its loss is
+copied back behind its kernels (``PendingLoss``) for the loop to read after it has queued the next step.
 """
 
 from __future__ import annotations
@@ -27,26 +30,58 @@ def _all_reduce(value: torch.Tensor, world_size: int) -> torch.Tensor:
 
 def step_loss_divisor(micro_batches: Sequence[dict[str, torch.Tensor]], device: torch.device,
                       world_size: int) -> torch.Tensor:
-    """T_step / (A R): response tokens (targets = labels shifted by one) of the step on every rank, over A R."""
-    local = sum(int((batch["labels"][:, 1:] != IGNORE_INDEX).sum()) for batch in micro_batches)
-    total = _all_reduce(torch.tensor(float(local), device=device), world_size)
+    """T_step / (A R): response tokens (targets = labels shifted by one) of the step on every rank, over A R,
+    counted where the labels are and returned on ``device`` (float32; no host sync when they are there)."""
+    local = sum((batch["labels"][:, 1:] != IGNORE_INDEX).sum() for batch in micro_batches)
+    total = _all_reduce(local.to(device, torch.float32), world_size)
     return total.clamp_min(1.0) / (len(micro_batches) * world_size)
+
+
+class PendingLoss:
+    """A step's mean loss over all its response tokens (from this rank's sum of micro-batch losses), all-reduced
+    and copied to pinned host memory behind the step's kernels; ``value()`` waits for that copy alone, so reading
+    it after queueing the next step never leaves the GPU without work."""
+
+    def __init__(self, summed_micro_losses: torch.Tensor, accumulation: int, world_size: int):
+        total = _all_reduce(summed_micro_losses.detach().clone(), world_size)
+        self.divisor = accumulation * world_size
+        self.ready: torch.cuda.Event | None = None
+        if total.is_cuda:
+            self.host = torch.empty((), dtype=total.dtype, pin_memory=True)
+            self.host.copy_(total, non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        else:
+            self.host = total
+
+    def value(self) -> float:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return float(self.host) / self.divisor
 
 
 def global_mean_loss(summed_micro_losses: torch.Tensor, accumulation: int, world_size: int) -> float:
     """The step's mean loss over all its response tokens, from this rank's sum of micro-batch losses (a host sync)."""
-    return float(_all_reduce(summed_micro_losses.detach().clone(), world_size)) / (accumulation * world_size)
+    return PendingLoss(summed_micro_losses, accumulation, world_size).value()
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The micro-batch on ``device``; to a GPU from pinned memory, without waiting (a pageable copy would)."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def optimizer_step(engine, micro_batches: Sequence[dict[str, torch.Tensor]], device: torch.device,
                    world_size: int) -> torch.Tensor:
     """One optimiser step through a DeepSpeed engine: forward, backward and ``engine.step()`` per micro-batch
     (DeepSpeed steps the optimiser at the last), each loss divided by ``step_loss_divisor``; returns this
-    rank's sum of the micro-batch losses, on the device (``global_mean_loss`` turns it into the step's loss)."""
-    divisor = step_loss_divisor(micro_batches, device, world_size)
+    rank's sum of the micro-batch losses, on the device (``PendingLoss`` turns it into the step's loss)."""
+    on_device = [to_device(batch, device) for batch in micro_batches]
+    divisor = step_loss_divisor(on_device, device, world_size)
     summed = torch.zeros((), device=device)
-    for batch in micro_batches:
-        loss = engine(**{k: v.to(device, non_blocking=True) for k, v in batch.items()}, loss_divisor=divisor)
+    for batch in on_device:
+        loss = engine(**batch, loss_divisor=divisor)
         engine.backward(loss)
         engine.step()
         summed += loss.detach()

@@ -33,7 +33,7 @@ from trainable.attention_check import AttentionChoice, choose_attention
 from trainable.compiled import compile_wanted, compiled_decoder_layers, decoder_layers
 from trainable.deepspeed_setup import resolved_stage
 from trainable.export import Gather, save_hf_model
-from trainable.config import TrialConfig
+from trainable.config import TrialConfig, engine_for
 from trainable.fault_injection import die_if_due, oom_if_due
 from trainable import fsdp2_engine, fsdp2_weights, zero3_scoring
 from trainable.lm_head import CausalLMWithFusedLoss
@@ -43,7 +43,7 @@ from trainable.node_setup import compile_cache_counts, prepare_node, ray_node_id
 from trainable.recompute import checkpointed_count, recomputed_layers
 from trainable.sequence_packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
-from trainable.step_accounting import StepClock, global_mean_loss, optimizer_step, warmup_step_count
+from trainable.step_accounting import PendingLoss, StepClock, global_mean_loss, optimizer_step, warmup_step_count
 from trainable.throughput import model_flops_utilization, training_flops_per_token
 
 
@@ -208,7 +208,7 @@ def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
 
     from trainable import deepspeed_setup
 
-    build_engine = fsdp2_engine.build_engine if trial.train.engine == "fsdp2" else deepspeed_setup.build_engine
+    build_engine = fsdp2_engine.build_engine if engine_for(trial.train) == "fsdp2" else deepspeed_setup.build_engine
     oom_if_due(rank, trial.results_dir, trial.run_name, trial.trial_id)
     engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
     skip = start * trial.train.gradient_accumulation_steps
@@ -271,7 +271,9 @@ class Training:
 def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int, world_size: int, report: Report,
           report_checkpoint: ReportCheckpoint | None) -> Training:
     """The optimiser steps from ``setup.start`` to ``setup.total_steps``: one line per step below, its schedules
-    (fault injection, validation, logging, checkpoints) written out in the loop."""
+    (fault injection, validation, logging, checkpoints) written out in the loop. The host waits for the GPU only
+    to read a loss: a step that reports nothing has its loss read after the next step is queued; a reporting step
+    (log, validation, checkpoint, the last) reads its own at once."""
     engine, wrapped, total_steps, start, resumed = (setup.engine, setup.wrapped, setup.total_steps, setup.start,
                                                     setup.resumed)
     accumulation = trial.train.gradient_accumulation_steps
@@ -285,29 +287,41 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     val_loss: float | None = resumed.val_loss if resumed else None
     prior_tokens = resumed.tokens if resumed else 0
     recomputed = checkpointed_count(trial.train.activation_checkpointing, len(decoder_layers(setup.model)))
+    quiet: tuple[int, PendingLoss] | None = None  # a step that reports nothing: its loss is read a step later
+
+    def settled(step: int, loss: PendingLoss) -> float:
+        """Step ``step``'s loss, once its kernels are done: checked finite, the first kept, the clock told."""
+        nonlocal first_loss
+        value = loss.value()
+        if not math.isfinite(value):
+            raise NonFiniteLossError(f"training loss is {value} at step {step}; "
+                                     f"expected a finite loss (lower the learning rate {trial.learning_rate})")
+        clock.step_done(step - start)
+        first_loss = value if first_loss is None else first_loss
+        return value
+
     with setup.attention.context(), recomputed_layers(setup.model, recomputed), \
             compiled_decoder_layers(setup.model, compile_wanted(trial.train.compile, device)):
         for step in range(start + 1, total_steps + 1):
             micro_batches = [next(setup.batches) for _ in range(accumulation)]
             clock.tokens += sum(int(batch["attention_mask"].sum()) for batch in micro_batches)
-            summed = optimizer_step(engine, micro_batches, device, world_size)
+            loss = PendingLoss(optimizer_step(engine, micro_batches, device, world_size), accumulation, world_size)
             plain_summed = wrapped.take_plain_loss()
-            step_loss = global_mean_loss(summed, accumulation, world_size)  # the step's one host sync
-            if not math.isfinite(step_loss):
-                raise NonFiniteLossError(f"training loss is {step_loss} at step {step}; "
-                                         f"expected a finite loss (lower the learning rate {trial.learning_rate})")
-            clock.step_done(step - start)
-            first_loss = step_loss if first_loss is None else first_loss
-            confidence = float(wrapped.last_confidence)  # of this training batch: validation overwrites it
+            if quiet is not None:  # the previous step's loss, read now that this step is queued behind it
+                step_loss = settled(*quiet)
             die_if_due(step, rank, trial.results_dir, trial.run_name, trial.trial_id)
             every = trial.train.val_every
             validate = setup.held_out and (step == total_steps or (every and step % every == 0))
+            save = report_checkpoint is not None and schedule.due(step)
+            quiet = None if validate or save or step % trial.train.log_every == 0 or step == total_steps \
+                else (step, loss)
+            if quiet is not None:
+                continue
+            step_loss = settled(step, loss)
+            confidence = float(wrapped.last_confidence)  # of this training batch: validation overwrites it
             if validate:
                 val_loss = validation_loss(engine, setup.held_out, trial.train.micro_batch_size,
                                            setup.tokenizer.pad_token_id, device, setup.pad_to)
-            save = report_checkpoint is not None and schedule.due(step)
-            if not (validate or save or step % trial.train.log_every == 0 or step == total_steps):
-                continue
             plain_loss = global_mean_loss(plain_summed.to(device), accumulation, world_size)  # reporting steps
             metrics = {"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
                        "train_loss_plain": plain_loss, "confidence": confidence, "lr": engine.get_lr()[0],

@@ -135,7 +135,7 @@ def _two_ranks(trial, out: Path, resume_from: Path | None = None) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_zero3_ranks_save_their_shards_and_resume_from_them(tiny_llama_config, data_dir, tmp_path):
-    trial = _trial(tiny_llama_config, data_dir, tmp_path, zero_stage=3, checkpoint_every_steps=None,
+    trial = _trial(tiny_llama_config, data_dir, tmp_path, zero_stage=3, engine="deepspeed", checkpoint_every_steps=None,
                    checkpoint_every_minutes=1e-9)  # the time rule, agreed across the ranks: due after every step
     full = _two_ranks(trial, tmp_path / "full")
     assert sorted(p.name for p in (tmp_path / "full").iterdir() if p.is_dir()) == \

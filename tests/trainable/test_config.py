@@ -10,7 +10,7 @@ import yaml
 
 from common.config import ConfigError
 from sweeps.config import load_sweep, sweep_from_dict, sweep_to_dict, trial_id
-from trainable.config import TrialConfig
+from trainable.config import TrainConfig, TrialConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_default_config_is_the_four_trial_grid():
     ({"search": {"method": "optuna", "objectives": {"mmlu_ecee": "min"}}},
      "search.objectives: 'mmlu_ecee' is no metric a trial reports (did you mean 'mmlu_ece'?)"),
     ({"train": {"zero_stage": 4}}, "config.train.zero_stage: expected 0, 1, 2, 3 or 'auto', got 4"),
-    ({"train": {"engine": "fsdp"}}, "config.train.engine: expected one of ['deepspeed', 'fsdp2'], got 'fsdp'"),
+    ({"train": {"engine": "fsdp"}}, "config.train.engine: expected one of ['auto', 'deepspeed', 'fsdp2'], got 'fsdp'"),
     ({"train": {"engine": "fsdp2", "zero_stage": 2}},
      "config.train.zero_stage: expected 3 or 'auto' with engine 'fsdp2' (it shards like ZeRO-3), got 2"),
     ({"train": {"engine": "fsdp2", "precision": "fp16"}},
@@ -185,3 +185,15 @@ def test_cli_families_runs_one_half_of_a_grid(tmp_path):
     assert [t.split("_")[0] for t in _trial_ids(out.stdout)] == ["gemma3-270m", "gemma3-270m"]
     bad = _launch(tmp_path, "--families", "gemma3-270m,nosuch", "--dry-run")
     assert bad.returncode == 2 and "unknown model family 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_default_engine_runs_zero3_layouts_on_fsdp2_and_the_rest_on_deepspeed():
+    from trainable.config import engine_for
+
+    assert TrainConfig().engine == "auto" and engine_for(TrainConfig(zero_stage=3)) == "fsdp2"
+    assert [engine_for(TrainConfig(zero_stage=stage)) for stage in (0, 1, 2, "auto")] == ["deepspeed"] * 4
+    # asking for what only DeepSpeed has keeps ZeRO-3 on DeepSpeed; an explicit engine wins
+    assert engine_for(TrainConfig(zero_stage=3, deepspeed={"zero_optimization": {"reduce_bucket_size": 7}})) == \
+        engine_for(TrainConfig(zero_stage=3, precision="fp16")) == \
+        engine_for(TrainConfig(zero_stage=3, engine="deepspeed")) == "deepspeed"
+    assert engine_for(TrainConfig(engine="fsdp2")) == "fsdp2"

@@ -78,7 +78,9 @@ def test_fsdp2_steps_like_deepspeed_zero0(one_rank_process_group, tied, compiled
         torch.testing.assert_close(got[name], weight, rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_a_trial_trains_scores_and_exports_under_fsdp2(tiny_llama_config, data_dir, tmp_path, one_rank_process_group):
+def test_a_zero3_trial_trains_scores_and_exports_under_fsdp2(tiny_llama_config, data_dir, tmp_path,
+                                                           one_rank_process_group):
+    # the default engine ('auto') runs a ZeRO-3 layout on FSDP2
     from trainable.evaluate import main as evaluate
 
     trial = TrialConfig.from_dict(dict(
@@ -86,7 +88,7 @@ def test_a_trial_trains_scores_and_exports_under_fsdp2(tiny_llama_config, data_d
         data_dir=data_dir, results_dir=str(tmp_path / "results"), custom_models={"tiny": {"config": tiny_llama_config}},
         sft={"max_examples": 12, "max_seq_len": 96},
         train={"max_steps": 2, "micro_batch_size": 2, "gradient_accumulation_steps": 2, "dropout": 0.1,
-               "log_every": 1, "engine": "fsdp2", "save_model": True, "val_examples": 2},
+               "log_every": 1, "zero_stage": 3, "save_model": True, "val_examples": 2},
         eval={"limit": 3, "batch_size": 4, "tasks": ["arc_easy"]}))
     reports = []
     final = run_trial(trial, torch.device("cpu"), rank=0, world_size=1, report=reports.append,

@@ -9,7 +9,7 @@ import torch
 from calibration.entropy.statistics import STATS
 from sweeps import store
 from trainable.config import TrialConfig
-from trainable.worker import run_trial
+from trainable.worker import NonFiniteLossError, run_trial
 
 
 def _trial(tiny_llama_config, data_dir, tmp_path, **train) -> TrialConfig:
@@ -43,7 +43,7 @@ def test_same_config_same_numbers(tiny_llama_config, data_dir, tmp_path, one_ran
 
 @pytest.mark.parametrize("stage", [0, 3])
 def test_zero_stages_train(tiny_llama_config, data_dir, tmp_path, one_rank_process_group, stage):
-    final, _ = _run(_trial(tiny_llama_config, data_dir, tmp_path, zero_stage=stage))
+    final, _ = _run(_trial(tiny_llama_config, data_dir, tmp_path, zero_stage=stage, engine="deepspeed"))
     assert math.isfinite(final["train_loss"]) and final["arc_easy_n_questions"] == 3
     # beta = 0.1: the plain cross-entropy of the same tokens is another number than the smoothed objective
     assert 0 < final["train_loss_plain"] and abs(final["train_loss_plain"] - final["train_loss"]) > 1e-4
@@ -53,6 +53,25 @@ def test_zero_stages_train(tiny_llama_config, data_dir, tmp_path, one_rank_proce
     assert all(math.isfinite(final[name]) and final[name] > 0 for name in STATS)
     assert final["rho"] == pytest.approx(final["sigma_c"] * final["sigma_h_max"], rel=1e-12)
     assert final["entropy_floor"] <= final["mean_entropy"] <= math.log(final["vocab_size"])
+
+
+def test_quiet_steps_read_late_give_the_losses_read_at_once(tiny_llama_config, data_dir, tmp_path,
+                                                           one_rank_process_group):
+    # log_every 3: steps 1, 2 and 4 report nothing, their losses are read after the next step is queued
+    every, _ = _run(_trial(tiny_llama_config, data_dir, tmp_path, max_steps=5, log_every=1))
+    quiet, reports = _run(_trial(tiny_llama_config, data_dir, tmp_path, max_steps=5, log_every=3))
+    assert [r["step"] for r in reports if r["phase"] == "train"] == [3, 5]
+    for key in ("train_loss", "train_loss_first", "train_loss_plain", "train_confidence", "arc_easy_ece"):
+        assert quiet[key] == every[key], key
+
+
+def test_a_loss_that_turns_non_finite_on_a_quiet_step_stops_the_trial_naming_it(tiny_llama_config, data_dir,
+                                                                                tmp_path, one_rank_process_group):
+    # a learning rate of 1e30 (Adam's step ~ lr): step 1's loss is finite, step 2's forward overflows
+    trial = _trial(tiny_llama_config, data_dir, tmp_path, max_steps=4, log_every=10, precision="fp32")
+    trial = TrialConfig.from_dict({**trial.to_dict(), "learning_rate": 1e30})
+    with pytest.raises(NonFiniteLossError, match="at step 2;"):
+        _run(trial)
 
 
 def test_validation_loss_is_reported_on_schedule_and_at_the_end(tiny_llama_config, data_dir, tmp_path,
@@ -94,7 +113,7 @@ def test_saved_model_scores_like_the_trial_in_evaluate_and_lm_eval(tiny_llama_co
     from trainable.evaluate import main as evaluate
     from calibration.rescore import rescore
 
-    trial = _trial(tiny_llama_config, data_dir, tmp_path / "results", zero_stage=3, save_model=True)
+    trial = _trial(tiny_llama_config, data_dir, tmp_path / "results", zero_stage=3, engine="deepspeed", save_model=True)
     final, _ = _run(trial)
     saved = tmp_path / "results" / "models" / "unit__t0"
     assert final["model_path"] == str(saved) and (saved / "model.safetensors").is_file()
