@@ -396,8 +396,8 @@ def _launch(args, row: dict, impl: str, part: Path) -> dict:
          and v]
     completed = subprocess.run(command, text=True)
     if completed.returncode == 0 and part.exists():
-        return json.loads(part.read_text())
-    return {"impl": impl, "row": row_name(row), **row, "error": f"exit code {completed.returncode}"}
+        return {**json.loads(part.read_text()), "impl_id": impl}
+    return {"impl": impl, "impl_id": impl, "row": row_name(row), **row, "error": f"exit code {completed.returncode}"}
 
 
 def table(results: list[dict]) -> str:
@@ -459,6 +459,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps on rank 0")
     parser.add_argument("--trace", default=None, help="with --profile: write the Chrome trace here")
     parser.add_argument("--out", default="sft_throughput.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep --out's results (all but rows skipped for want of GPUs) and run only the other "
+                             "(row, implementation)s: one run's JSON over several calls")
     parser.add_argument("--cpu", action="store_true", help="without GPUs, run one-rank rows on the CPU (a check)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", help=argparse.SUPPRESS)
@@ -479,15 +482,19 @@ def main(argv: list[str] | None = None) -> None:
 
     available = torch.cuda.device_count() or (1 if args.cpu else 0)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    results = []
+    results = [r for r in json.loads(Path(args.out).read_text()) if not r.get("error", "").startswith("skipped")] \
+        if args.resume and Path(args.out).exists() else []
+    done = {(r["row"], r.get("impl_id")) for r in results}
     for row in rows:
         for impl in impls:
+            if (row_name(row), impl) in done:
+                continue
             if impl == "hf_trainer" and row["zero"] == "auto":
                 continue  # the Trainer has no layout planner: its rows are the stages it is given
-            if impl == "calsweep_fsdp2" and row["zero"] not in (3, "auto"):
-                continue  # FSDP2 shards parameters, gradients and states: ZeRO-3's layout (or auto's batch split)
+            if impl == "calsweep_fsdp2" and row["zero"] != 3:
+                continue  # FSDP2 shards parameters, gradients and states: ZeRO-3's layout (auto rows: calsweep)
             if row["gpus"] > available:
-                results.append({"impl": impl, "row": row_name(row), **row,
+                results.append({"impl": impl, "impl_id": impl, "row": row_name(row), **row,
                                 "error": f"skipped: needs {row['gpus']} GPUs, this host has {available}"})
                 continue
             part = Path(args.out).with_suffix(f".{row_name(row).replace(':', '_')}.{impl}.json")

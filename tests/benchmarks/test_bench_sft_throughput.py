@@ -48,3 +48,19 @@ def test_cpu_run_of_the_trial_loop_and_the_trainer_on_packed_alpaca(bench, data_
     # the third step's loss agrees to float32 reduction order (measured: 10.75687 vs 10.75678)
     deepspeed, fsdp2 = results[0], results[2]
     assert fsdp2["engine"] == "fsdp2" and fsdp2["last_loss"] == pytest.approx(deepspeed["last_loss"], rel=1e-4)
+
+
+def test_resume_keeps_what_ran_and_tries_again_only_rows_skipped_for_want_of_gpus(bench, tmp_path):
+    out = tmp_path / "throughput.json"
+    def record(row: str, **fields) -> dict:
+        return {"impl": "calsweep", "impl_id": "calsweep", "row": row, **bench.parse_row(row), **fields}
+    ran = record("tiny:1:0:2:random", tokens_per_s_per_gpu=600.0, mfu=0.0, peak_gib=0.0, step_ms=6000.0)
+    failed = record("tiny:1:3:2:random", error="exit code 1")
+    skipped = record("tiny:2:3:2:random", error="skipped: needs 2 GPUs, this host has 1")
+    out.write_text(json.dumps([ran, failed, skipped]))
+    bench.main(["--cpu", "--resume", "--rows", "tiny:1:0:2:random,tiny:1:3:2:random,tiny:2:3:2:random",
+                "--impls", "calsweep", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results[:2] == [ran, failed]  # neither run again (no torchrun on this call: it would take a minute)
+    assert [r["row"] for r in results] == ["tiny:1:0:2:random", "tiny:1:3:2:random", "tiny:2:3:2:random"]
+    assert results[2]["error"].startswith("skipped: needs 2 GPUs")
