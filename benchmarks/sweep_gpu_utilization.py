@@ -9,8 +9,9 @@ or ``tiny``, a 2-layer Llama for the CPU; ``--trials`` grid points = 2 lr x tria
 steps each, ARC-Easy scoring of ``--eval-limit`` questions) and runs ``sweeps/launch.py`` on it once per
 ``--paths`` entry: ``warm`` (``resources.warm_trials: true``: one-worker trials in Tune actors reused across
 trials) and ``cold`` (false: a Ray Train worker group started and stopped per trial). Trials are one-GPU trials,
-as many at once as there are GPUs. While a sweep runs, ``nvidia-smi`` (when present) samples every GPU's
-utilisation (percent of time a kernel ran) every 200 ms. Reports per path:
+as many at once as there are GPUs. While a sweep runs, ``nvidia-smi`` (when present) samples the utilisation
+(percent of time a kernel ran) of each GPU ``CUDA_VISIBLE_DEVICES`` names (all without it) every 200 ms. Reports
+per path:
 - busy: the mean sampled utilisation over the GPUs (and per GPU), from the first trial's start to the last
   trial's end;
 - the trials' steady tokens/s and compile warm-up (the store's ``tokens_per_s_steady``, ``wall_warmup_s``) and
@@ -71,15 +72,22 @@ def sweep_config(args: argparse.Namespace, results: Path, warm: bool) -> dict:
     }
 
 
+def visible_gpus() -> list[str]:
+    """The ``nvidia-smi`` ids of the GPUs the sweep may use: ``CUDA_VISIBLE_DEVICES``'s, else [] (all)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return [part.strip() for part in visible.split(",") if part.strip()]
+
+
 def sample_gpus(path: Path) -> subprocess.Popen | None:
-    """``nvidia-smi`` writing 'timestamp, index, utilization' lines every 200 ms until terminated; None without
-    one (a CPU machine)."""
+    """``nvidia-smi`` writing 'timestamp, index, utilization' lines every 200 ms for the sweep's GPUs
+    (``visible_gpus``) until terminated; None without one (a CPU machine)."""
     if shutil.which("nvidia-smi") is None:
         path.write_text("")
         return None
     handle = path.open("w")
+    ids = [f"--id={','.join(visible_gpus())}"] if visible_gpus() else []
     return subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu",
-                             "--format=csv,noheader,nounits", "-lms", "200"], stdout=handle, text=True)
+                             "--format=csv,noheader,nounits", "-lms", "200", *ids], stdout=handle, text=True)
 
 
 def read_samples(path: Path) -> list[tuple[float, int, float]]:

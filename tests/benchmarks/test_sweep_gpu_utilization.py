@@ -50,6 +50,13 @@ def test_reads_nvidia_smi_lines(tmp_path):
     assert samples[1][0] - samples[0][0] == pytest.approx(0.2)
 
 
+def test_samples_only_the_gpus_the_sweep_may_use(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0, 2")
+    assert bench.visible_gpus() == ["0", "2"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert bench.visible_gpus() == []
+
+
 @pytest.mark.slow
 def test_runs_warm_and_cold_sweeps_on_the_cpu(tmp_path, data_dir):
     out = tmp_path / "util.json"

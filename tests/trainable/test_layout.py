@@ -14,7 +14,9 @@ from trainable.layout import (GIB, ModelShape, gpu_hours, model_shape, peak_byte
 MEASUREMENTS = Path(__file__).parents[2] / "docs" / "measurements"
 RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",
            MEASUREMENTS / "2026-11-27-h100x2" / "sft_throughput_h100x2.json",
-           MEASUREMENTS / "2026-11-27-loop-fsdp2" / "sft_throughput_h200x2.json")
+           MEASUREMENTS / "2026-11-27-loop-fsdp2" / "sft_throughput_h200x2.json",
+           MEASUREMENTS / "2026-11-27-must6-h200x2" / "sft_throughput_h200x2.json",
+           MEASUREMENTS / "2026-11-27-must6-h200x2" / "8b_at_h100_memory_h200x2.json")
 SHAPES = {"1b": model_shape(REGISTRY["llama-3.2-1b"]), "8b": model_shape(REGISTRY["llama-3.1-8b"])}
 H100, H200 = 79.6 * GIB, 139.8 * GIB
 
