@@ -2,6 +2,7 @@
 
     python benchmarks/sweep_gpu_utilization.py --out util.json                   # 8 trials, 1B Llama, warm then cold
     CUDA_VISIBLE_DEVICES=0 python benchmarks/sweep_gpu_utilization.py --paths warm --out util_1gpu.json
+    CUDA_VISIBLE_DEVICES=0 python benchmarks/sweep_gpu_utilization.py --paths warm --engine fsdp2 --out util_fsdp2.json
     python benchmarks/sweep_gpu_utilization.py --shape tiny --trials 2 --steps 1 --eval-limit 4   # on the CPU
 
 Writes a sweep YAML (``--shape``: ``1b``, a random-init Llama-3.2-1B shape on packed Alpaca rows of 2,048 tokens,
@@ -66,7 +67,8 @@ def sweep_config(args: argparse.Namespace, results: Path, warm: bool) -> dict:
         "families": [family], "learning_rates": [1.0e-4, 3.0e-4][:max(1, min(2, args.trials))],
         "label_smoothing": betas,
         "custom_models": {family: {"architecture": "llama", "tokenizer": args.tokenizer, "config": model}},
-        "sft": sft, "train": {"max_steps": args.steps, "checkpoint_every_steps": None, **train},
+        "sft": sft, "train": {"max_steps": args.steps, "checkpoint_every_steps": None, **train, "engine": args.engine,
+                              **({"zero_stage": 3} if args.engine == "fsdp2" else {})},
         "eval": {"tasks": ["arc_easy"], "limit": args.eval_limit, "batch_size": 32},
         "resources": {"workers_per_trial": 1, "max_failures": 0, "warm_trials": warm},
     }
@@ -123,6 +125,7 @@ def summarise(results: Path, samples: list[tuple[float, int, float]]) -> dict:
         "warmup_s_max": max((r["wall_warmup_s"] for r in ok if r.get("wall_warmup_s") is not None), default=None),
         "layout": sorted({(r.get("zero_stage"), r.get("micro_batch_size"), r.get("gradient_accumulation_steps"))
                           for r in ok}),
+        "engines": sorted({r.get("engine") for r in ok if r.get("engine")}),
         "train_s_median": median(r["wall_train_s"] for r in ok) if ok else None,
         "eval_s_median": median(r["wall_eval_s"] for r in ok) if ok else None,
         "load_s_median": median(r["wall_load_s"] for r in ok) if ok else None,
@@ -202,6 +205,8 @@ def main() -> None:
     parser.add_argument("--work", default="gpu_utilization_run", help="directory for the sweeps' configs and stores")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before a sweep is stopped and the "
                         "trials finished so far are summarised")
+    parser.add_argument("--engine", choices=("auto", "deepspeed", "fsdp2"), default="auto",
+                        help="train.engine of the trials (fsdp2: one-GPU trials on FSDP2 instead of ZeRO-0)")
     parser.add_argument("--out", default="gpu_utilization.json")
     args = parser.parse_args()
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
@@ -209,7 +214,7 @@ def main() -> None:
         parser.error(f"--paths: expected warm and/or cold, got {args.paths!r}")
     work = Path(args.work).resolve()
     result = {"date": time.strftime("%Y-%m-%d"), "device": _device(), "shape": args.shape, "trials": args.trials,
-              "steps": args.steps, "eval_limit": args.eval_limit, "paths": {}}
+              "steps": args.steps, "eval_limit": args.eval_limit, "engine": args.engine, "paths": {}}
     for path in paths:
         print(f"[sweep_gpu_utilization] {path} sweep", flush=True)
         result["paths"][path] = run_path(args, work / path, warm=path == "warm")

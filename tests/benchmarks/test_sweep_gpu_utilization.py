@@ -74,3 +74,16 @@ def test_runs_warm_and_cold_sweeps_on_the_cpu(tmp_path, data_dir):
         assert figures["busy_fraction"] is None and figures["overhead"]["slots"] == 1
         assert figures["overhead"]["overhead_s_mean"] > 0
     assert "overhead per trial, mean / max" in run.stdout and "GPU busy" in run.stdout
+
+
+@pytest.mark.slow
+def test_warm_one_gpu_trials_run_on_fsdp2_when_asked(tmp_path, data_dir):
+    """``--engine fsdp2``: the warm Tune actors train one-worker trials on FSDP2 (ZeRO-3's layout on one rank)."""
+    out = tmp_path / "util.json"
+    run = subprocess.run([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "2", "--steps", "1",
+                          "--eval-limit", "4", "--paths", "warm", "--engine", "fsdp2", "--work", str(tmp_path / "work"),
+                          "--out", str(out)], capture_output=True, text=True, timeout=1200,
+                         env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    warm = json.loads(out.read_text())["paths"]["warm"]
+    assert warm["ok"] == warm["trials"] == 2 and warm["engines"] == ["fsdp2"] and warm["layout"] == [[3, 2, 1]]
