@@ -27,7 +27,8 @@ Tokens/s count real (non-padding) tokens over all ranks, per GPU. For the Traine
 collator hands rows out (its loader runs one batch ahead at both ends of the timed window, so the counts shift
 and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embedding params + the LM head.
 Peak memory is the largest over the ranks (PyTorch's allocator), beside ``trainable.layout``'s prediction for
-the row's layout. Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
+the row's layout, with the peak reserved and the allocator's retries (cache freed to retry a cudaMalloc: a GPU at
+the edge of its memory). Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
 into calsweep's DeepSpeed config (knob trials). ``calsweep_engine_compile`` is DeepSpeed's own compiler
 (``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop. ``calsweep_fsdp2`` (rows of stage 3,
 or auto: its micro-batch, accumulation and recomputed layers) is the same compiled trial loop on the trials' FSDP2
@@ -345,14 +346,17 @@ def _result(name: str, args, row: dict, seconds: float, flops_per_token: float, 
     from trainable.layout import PEAK_FLOPS
 
     device = _device()
-    peak_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    totals = torch.tensor([float(tokens), peak_bytes / 2**30], device=device)
-    peak = totals[1:].clone()
-    dist.all_reduce(totals[:1])
+    stats = torch.cuda.memory_stats(device) if device.type == "cuda" else {}
+    # largest over the ranks: allocated and reserved peaks (GiB), and the allocator's cudaFree-and-retry count
+    peaks = [stats.get(k, 0) / 2**30 for k in ("allocated_bytes.all.peak", "reserved_bytes.all.peak")]
+    totals = torch.tensor([float(tokens)], device=device)
+    peak = torch.tensor([*peaks, float(stats.get("num_alloc_retries", 0))], device=device)
+    dist.all_reduce(totals)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     per_gpu = float(totals[0]) / seconds / row["gpus"]
     return {"impl": name, "row": row_name(row), **row, "tokens_per_s_per_gpu": per_gpu,
             "mfu": per_gpu * flops_per_token / PEAK_FLOPS, "peak_gib": float(peak[0]),
+            "peak_reserved_gib": float(peak[1]), "alloc_retries": int(peak[2]),
             "step_ms": 1000 * seconds / args.steps, "last_loss": loss, "seq_len": args.seq_len, "beta": args.beta,
             "steps": args.steps, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "date": time.strftime("%Y-%m-%d"),
