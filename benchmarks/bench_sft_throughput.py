@@ -152,7 +152,7 @@ def _layout(args, row: dict, device, zero3: str):
     way)."""
     import torch
 
-    from trainable.layout import Layout, ModelShape, peak_bytes, plan_layout
+    from trainable.layout import Layout, ModelShape, peak_bytes, plan_layout, stage_engine
 
     shape = ModelShape.from_config(SHAPES[row["shape"]])
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
@@ -166,7 +166,7 @@ def _layout(args, row: dict, device, zero3: str):
     micro = args.micro_batch or row["batch"]
     if row["batch"] % micro:
         raise ValueError(f"expected --micro-batch to divide the row's batch per GPU {row['batch']}, got {micro}")
-    engine = zero3 if row["zero"] == 3 else "deepspeed"
+    engine = stage_engine(row["zero"], zero3)
     peak = peak_bytes(shape, row["zero"], row["gpus"], micro, args.seq_len, args.recompute, engine=engine)
     return shape, Layout(row["gpus"], row["zero"], micro, row["batch"] // micro, args.recompute, peak, float("nan"),
                          engine=engine)
@@ -226,10 +226,10 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
         sharding = "FSDP2" if fsdp2 else f"ZeRO-{layout.zero_stage}"
         result, first_steps = _timed(args, row, step, device, flops, tokens,
                                      f"calsweep ({sharding}, fused LS-CE{how})")
-        result.update(zero_stage=3 if fsdp2 else layout.zero_stage, micro_batch=layout.micro_batch_size,
+        result.update(zero_stage=layout.zero_stage, micro_batch=layout.micro_batch_size,
                       accumulation=layout.gradient_accumulation_steps, recomputed_layers=int(layout.checkpointed),
                       layers=shape.layers, predicted_peak_gib=layout.peak_gib, warmup_step_s=first_steps,
-                      wide_buckets=False if fsdp2 else layout.wide_buckets, deepspeed_overrides=ds,
+                      wide_buckets=layout.wide_buckets, deepspeed_overrides=ds,
                       engine=layout.engine, **_dynamo_counts())
         if args.profile and rank == 0:
             _profile(step, args.profile, args.trace)
@@ -395,8 +395,8 @@ def _launch(args, row: dict, impl: str, part: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={row['gpus']}",
                __file__, "--worker", "--impl", impl, "--row", row_name(row), "--out", str(part)] + \
         [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-         if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute", "micro_batch",
-                                  "gpu_memory_gib")
+         if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute",
+                  "micro_batch", "gpu_memory_gib")
          and v]
     completed = subprocess.run(command, text=True)
     if completed.returncode == 0 and part.exists():

@@ -24,7 +24,8 @@ import yaml
 from common.config import ConfigError, build, suggest
 from trainable.config import (CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, check_label_smoothing,
                               check_learning_rate, zero3_engine)
-from trainable.layout import GIB, Layout, ModelShape, model_shape, plan_layout, planned_stage, with_layout
+from trainable.layout import (GIB, Layout, ModelShape, model_shape, plan_layout, planned_stage, stage_engine,
+                              with_layout)
 
 SAMPLERS = ("tpe", "random", "cmaes", "nsga2", "gp")
 PROGRESS_METRICS = ("train_loss", "val_loss")  # in the workers' training reports: what ASHA can watch
@@ -241,7 +242,7 @@ def _layout(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, fa
     ac, stage = train.activation_checkpointing, planned_stage(train.engine, train.zero_stage) or 0
     return Layout(resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else 1,
                   stage, train.micro_batch_size, train.gradient_accumulation_steps, False if ac == "auto" else ac,
-                  math.nan, math.nan, engine=zero3_engine(train) if stage == 3 else "deepspeed")
+                  math.nan, math.nan, engine=stage_engine(stage, zero3_engine(train)))
 
 
 def trial_id(family: str, learning_rate: float, label_smoothing: float, seed: int) -> str:

@@ -198,6 +198,11 @@ def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, se
     return state_bytes(shape, stage, workers, zero) + activations
 
 
+def stage_engine(stage: int, zero3_engine: str) -> str:
+    """The engine that runs a layout of ZeRO ``stage``: ``zero3_engine`` for stage 3, DeepSpeed for the others."""
+    return zero3_engine if stage == 3 else "deepspeed"
+
+
 def recorded_mfu(engine: str, stage: int, workers: int) -> float:
     """The MFU recorded for a layout (``RECORDED_MFU``, ``RECORDED_MFU_FSDP2``; ZeRO-1 takes ZeRO-2's)."""
     if engine == "fsdp2":
@@ -229,7 +234,7 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
         for stage in stages:
             if len(stages) > 1 and (stage > 0) != (n > 1) or len(stages) > 1 and stage == 1:
                 continue  # choosing: ZeRO-0 on one GPU (nothing to partition), ZeRO-2 or 3 across GPUs
-            engine = zero3_engine if stage == 3 else "deepspeed"
+            engine = stage_engine(stage, zero3_engine)
             mfu = recorded_mfu(engine, stage, n)
             for micro in (d for d in _divisors(share) if d <= micro_batch):
                 wide = False  # zero_buckets' default (see there)
