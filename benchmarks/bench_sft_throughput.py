@@ -164,8 +164,6 @@ def _layout(args, row: dict, device, zero3: str):
         return shape, plan_layout(shape, args.seq_len, row["batch"] * row["gpus"], row["batch"], memory,
                                   workers=row["gpus"], zero3_engine=zero3)
     micro = args.micro_batch or row["batch"]
-    if row["batch"] % micro:
-        raise ValueError(f"expected --micro-batch to divide the row's batch per GPU {row['batch']}, got {micro}")
     engine = stage_engine(row["zero"], zero3)
     peak = peak_bytes(shape, row["zero"], row["gpus"], micro, args.seq_len, args.recompute, engine=engine)
     return shape, Layout(row["gpus"], row["zero"], micro, row["batch"] // micro, args.recompute, peak, float("nan"),
@@ -478,6 +476,10 @@ def main(argv: list[str] | None = None) -> None:
         rows = [parse_row(text) for text in args.rows.split(",")]
     except ValueError as exc:
         parser.error(str(exc))
+    uneven = [row_name(r) for r in rows if r["zero"] != "auto" and args.micro_batch and r["batch"] % args.micro_batch]
+    if args.micro_batch < 0 or uneven:
+        parser.error(f"expected --micro-batch to divide the batch per GPU of every row with a stage, got "
+                     f"{args.micro_batch} for {uneven or 'a negative size'}")
     impls = args.impls.split(",")
     unknown = [impl for impl in impls if impl not in IMPLS]
     if unknown:

@@ -64,3 +64,12 @@ def test_resume_keeps_what_ran_and_tries_again_only_rows_skipped_for_want_of_gpu
     assert results[:2] == [ran, failed]  # neither run again (no torchrun on this call: it would take a minute)
     assert [r["row"] for r in results] == ["tiny:1:0:2:random", "tiny:1:3:2:random", "tiny:2:3:2:random"]
     assert results[2]["error"].startswith("skipped: needs 2 GPUs")
+
+
+def test_a_micro_batch_that_does_not_divide_a_row_s_batch_is_refused_in_one_line(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--cpu", "--rows", "tiny:1:0:4:random,tiny:1:auto:2:random", "--micro-batch", "3",
+                    "--out", str(tmp_path / "t.json")])
+    assert "expected --micro-batch to divide the batch per GPU of every row with a stage, got 3 for " \
+           "['tiny:1:0:4:random']" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
