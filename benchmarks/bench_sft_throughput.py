@@ -22,7 +22,7 @@ Each (row, implementation) runs under ``torchrun`` in its own processes (clean p
 - ``calsweep_eager`` / ``calsweep``: the trial loop (``trainable.step_accounting.optimizer_step``: DeepSpeed
   engine from ``trainable.deepspeed_setup``, fused label-smoothed loss, torch's fused AdamW) without / with the
   trial's compilation (``trainable.compiled``, the CUDA default). On an ``auto`` row ``calsweep`` runs what a
-  trial runs by default: a ZeRO-3 layout on FSDP2 (``trainable.config.zero3_engine``).
+  trial runs by default: a ZeRO-3 or one-GPU layout on FSDP2 (``trainable.layout.layout_engine``).
 Tokens/s count real (non-padding) tokens over all ranks, per GPU. For the Trainer they are counted as its data
 collator hands rows out (its loader runs one batch ahead at both ends of the timed window, so the counts shift
 and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embedding params + the LM head.
@@ -38,6 +38,7 @@ engine (``trainable.fsdp2_engine``, ``train.engine: fsdp2``): ZeRO-3's layout un
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -146,13 +147,13 @@ def _rows_of_data(args, row: dict, rank: int, world: int, micro_batch: int | Non
     return batches, [{k: v[i] for k, v in every_row.items()} for i in range(len(rows))]
 
 
-def _layout(args, row: dict, device, zero3: str):
+def _layout(args, row: dict, device, preferred: str):
     """The row's ``trainable.layout.Layout``: planned for 'auto', else the row's stage with ``--micro-batch``
     (default the whole batch) and ``--recompute`` layers (its ``peak_bytes`` the memory model's prediction either
     way)."""
     import torch
 
-    from trainable.layout import Layout, ModelShape, peak_bytes, plan_layout, stage_engine
+    from trainable.layout import Layout, ModelShape, layout_engine, peak_bytes, plan_layout
 
     shape = ModelShape.from_config(SHAPES[row["shape"]])
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
@@ -161,10 +162,12 @@ def _layout(args, row: dict, device, zero3: str):
             torch.cuda.set_per_process_memory_fraction(args.gpu_memory_gib * 2**30 / memory, device)
         memory = args.gpu_memory_gib * 2**30
     if row["zero"] == "auto":
-        return shape, plan_layout(shape, args.seq_len, row["batch"] * row["gpus"], row["batch"], memory,
-                                  workers=row["gpus"], zero3_engine=zero3)
+        layout = plan_layout(shape, args.seq_len, row["batch"] * row["gpus"], row["batch"], memory,
+                             workers=row["gpus"], preferred_engine=preferred)
+        engine = layout_engine(layout.zero_stage, layout.workers, preferred, on_gpu=device.type == "cuda")
+        return shape, dataclasses.replace(layout, engine=engine)  # as a trial on this device runs it
     micro = args.micro_batch or row["batch"]
-    engine = stage_engine(row["zero"], zero3)
+    engine = layout_engine(row["zero"], row["gpus"], preferred, on_gpu=device.type == "cuda")
     peak = peak_bytes(shape, row["zero"], row["gpus"], micro, args.seq_len, args.recompute, engine=engine)
     return shape, Layout(row["gpus"], row["zero"], micro, row["batch"] // micro, args.recompute, peak, float("nan"),
                          engine=engine)
@@ -183,7 +186,7 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
 
     from trainable import deepspeed_setup, fsdp2_engine
     from trainable.compiled import compile_wanted, compiled_decoder_layers
-    from trainable.config import TrainConfig, zero3_engine
+    from trainable.config import TrainConfig, preferred_engine
     from trainable.layout import with_layout
     from trainable.lm_head import CausalLMWithFusedLoss
     from trainable.recompute import recomputed_layers
@@ -192,10 +195,10 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
     ds = json.loads(args.ds) if args.ds else {}
-    # ZeRO-3's engine: FSDP2 for calsweep_fsdp2, a trial's default (trainable.config.zero3_engine) on auto rows
-    zero3 = "fsdp2" if impl == "calsweep_fsdp2" else \
-        zero3_engine(TrainConfig(deepspeed=ds)) if impl == "calsweep" and row["zero"] == "auto" else "deepspeed"
-    shape, layout = _layout(args, row, device, zero3)
+    # the engine of ZeRO-3 and one-GPU layouts: FSDP2 for calsweep_fsdp2, a trial's default on auto rows
+    preferred = "fsdp2" if impl == "calsweep_fsdp2" else \
+        preferred_engine(TrainConfig(deepspeed=ds)) if impl == "calsweep" and row["zero"] == "auto" else "deepspeed"
+    shape, layout = _layout(args, row, device, preferred)
     fsdp2 = layout.engine == "fsdp2"
     ds = {} if fsdp2 else ds
     model = _model(row["shape"], device, dtype=torch.float32 if fsdp2 else None)  # FSDP2 keeps fp32 master weights

@@ -2,7 +2,7 @@
 
     python benchmarks/sweep_gpu_utilization.py --out util.json                   # 8 trials, 1B Llama, warm then cold
     CUDA_VISIBLE_DEVICES=0 python benchmarks/sweep_gpu_utilization.py --paths warm --out util_1gpu.json
-    CUDA_VISIBLE_DEVICES=0 python benchmarks/sweep_gpu_utilization.py --paths warm --engine fsdp2 --out util_fsdp2.json
+    CUDA_VISIBLE_DEVICES=0 python benchmarks/sweep_gpu_utilization.py --paths warm --engine deepspeed --out util_ds.json
     python benchmarks/sweep_gpu_utilization.py --shape tiny --trials 2 --steps 1 --eval-limit 4   # on the CPU
 
 Writes a sweep YAML (``--shape``: ``1b``, a random-init Llama-3.2-1B shape on packed Alpaca rows of 2,048 tokens,
@@ -206,7 +206,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=None, help="seconds before a sweep is stopped and the "
                         "trials finished so far are summarised")
     parser.add_argument("--engine", choices=("auto", "deepspeed", "fsdp2"), default="auto",
-                        help="train.engine of the trials (fsdp2: one-GPU trials on FSDP2 instead of ZeRO-0)")
+                        help="train.engine of the trials (auto: one-GPU trials on FSDP2 on GPUs, DeepSpeed on the CPU; "
+                             "deepspeed: ZeRO-0; fsdp2: FSDP2 everywhere)")
     parser.add_argument("--out", default="gpu_utilization.json")
     args = parser.parse_args()
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]

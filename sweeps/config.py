@@ -23,8 +23,8 @@ import yaml
 
 from common.config import ConfigError, build, suggest
 from trainable.config import (CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, check_label_smoothing,
-                              check_learning_rate, zero3_engine)
-from trainable.layout import (GIB, Layout, ModelShape, model_shape, plan_layout, planned_stage, stage_engine,
+                              check_learning_rate, preferred_engine)
+from trainable.layout import (GIB, Layout, ModelShape, layout_engine, model_shape, plan_layout, planned_stage,
                               with_layout)
 
 SAMPLERS = ("tpe", "random", "cmaes", "nsga2", "gp")
@@ -218,7 +218,7 @@ def _planned(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, f
                  resources.gpu_memory_gb, workers, resources.max_workers_per_trial,
                  planned_stage(train.engine, train.zero_stage),
                  None if train.activation_checkpointing == "auto" else train.activation_checkpointing,
-                 zero3_engine(train))
+                 preferred_engine(train))
 
 
 @functools.lru_cache(maxsize=256)
@@ -229,7 +229,7 @@ def _plan(family: str, custom_key: str, seq_len: int, sequences: int, micro_batc
     if shape is None:
         return None
     return plan_layout(shape, seq_len, sequences, micro_batch, gpu_memory_gb * GIB, workers=workers,
-                       max_workers=max_workers, stage=stage, checkpointing=checkpointing, zero3_engine=engine)
+                       max_workers=max_workers, stage=stage, checkpointing=checkpointing, preferred_engine=engine)
 
 
 def _layout(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, family: str, custom_key: str) -> Layout:
@@ -240,9 +240,10 @@ def _layout(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, fa
     if planned is not None:
         return planned
     ac, stage = train.activation_checkpointing, planned_stage(train.engine, train.zero_stage) or 0
-    return Layout(resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else 1,
-                  stage, train.micro_batch_size, train.gradient_accumulation_steps, False if ac == "auto" else ac,
-                  math.nan, math.nan, engine=stage_engine(stage, zero3_engine(train)))
+    workers = resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else 1
+    return Layout(workers, stage, train.micro_batch_size, train.gradient_accumulation_steps,
+                  False if ac == "auto" else ac, math.nan, math.nan,
+                  engine=layout_engine(stage, workers, preferred_engine(train)))
 
 
 def trial_id(family: str, learning_rate: float, label_smoothing: float, seed: int) -> str:

@@ -14,6 +14,7 @@ from common.config import build, suggest
 from kernels.api import FILTERS
 from calibration.ats.config import ATSConfig
 from calibration.task_config import DEFAULT_TASKS, TASKS
+from trainable.layout import layout_engine
 
 
 @dataclass(frozen=True)
@@ -169,19 +170,30 @@ def _check_train(c: TrainConfig) -> list[str]:
     return problems
 
 
-def zero3_engine(train: TrainConfig) -> str:
-    """The engine of a ZeRO-3 layout: FSDP2 under ``engine: fsdp2``, and under ``auto`` unless the config asks for
-    DeepSpeed's own (a ``deepspeed`` section, fp16 loss scaling); FSDP2 trained the ZeRO-3 layouts faster in the
-    same runs (docs/results.md, "Sharded training")."""
+def preferred_engine(train: TrainConfig) -> str:
+    """The engine of a ZeRO-3 layout and of a one-GPU one (``trainable.layout.layout_engine``): FSDP2 under
+    ``engine: fsdp2``, and under ``auto`` unless the config asks for DeepSpeed's own (a ``deepspeed`` section, fp16
+    loss scaling); FSDP2 trained those layouts faster in the same runs (docs/results.md)."""
     if train.engine == "auto":
         return "deepspeed" if train.deepspeed or train.precision == "fp16" else "fsdp2"
     return train.engine
 
 
-def engine_for(train: TrainConfig) -> str:
-    """The engine that trains ``train``: ``zero3_engine`` for stage 3, DeepSpeed for any other stage (and for an
-    unresolved 'auto' stage: ``deepspeed_setup.resolved_stage`` makes it 0 or 2)."""
-    return zero3_engine(train) if train.zero_stage == 3 or train.engine == "fsdp2" else "deepspeed"
+def engine_for(train: TrainConfig, world_size: int, device_type: str) -> str:
+    """The engine that trains ``train`` on ``world_size`` ranks of ``device_type``: ``layout_engine`` of its stage
+    (``resolved_stage``); FSDP2 whenever ``engine: fsdp2``."""
+    if train.engine == "fsdp2":
+        return "fsdp2"
+    return layout_engine(resolved_stage(train, world_size), world_size, preferred_engine(train),
+                         on_gpu=device_type == "cuda")
+
+
+def resolved_stage(train: TrainConfig, world_size: int) -> int:
+    """The ZeRO stage: the config's, or for 'auto' (a trial config built without a sweep's layout) ZeRO-0 on one
+    rank and ZeRO-2 across ranks."""
+    if train.zero_stage != "auto":
+        return int(train.zero_stage)
+    return 0 if world_size == 1 else 2
 
 
 def _check_engine(c: TrainConfig) -> list[str]:

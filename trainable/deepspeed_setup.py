@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trainable.config import TrainConfig
+from trainable.config import TrainConfig, resolved_stage
 from trainable.layout import zero_buckets
 
 
@@ -21,14 +21,6 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return precision
-
-
-def resolved_stage(train: TrainConfig, world_size: int) -> int:
-    """The ZeRO stage: the config's, or for 'auto' (a trial config built without a sweep's layout) ZeRO-0 on one
-    rank and ZeRO-2 across ranks."""
-    if train.zero_stage != "auto":
-        return int(train.zero_stage)
-    return 0 if world_size == 1 else 2
 
 
 def deepspeed_config(train: TrainConfig, precision: str, world_size: int,

@@ -23,8 +23,8 @@ layers that are not checkpointed, 2 h for those that are, one layer's worth duri
 loss's workspace (its float32 hidden-state gradient, the bf16 hidden states, and its 136 MiB chunk).
 Checked against the peaks measured on GPUs (tests/trainable/test_layout.py reads their JSON).
 
-A ZeRO-3 layout runs on the engine ``trainable.config.zero3_engine`` names (FSDP2 by default), planned with that
-engine's memory model and MFU. FSDP2 keeps float32 weights, gradients and AdamW moments sharded and gathers bf16
+A ZeRO-3 layout, and a one-GPU one, runs on the engine ``trainable.config.preferred_engine`` names (FSDP2 by
+default; ``layout_engine``), planned with that engine's memory model and MFU. FSDP2 keeps float32 weights, gradients and AdamW moments sharded and gathers bf16
 copies per layer:
     FSDP2:    16P/N + 1.5 bytes per LM-head parameter + 0.8 x the activations above
 (fitted to its measured peaks: Inductor recomputes more inside its compiled layers than inside DeepSpeed's, whose
@@ -61,7 +61,7 @@ RECORDED_MFU_FSDP2 = {False: 0.44, True: 0.40}
 FSDP2_HEAD_BYTES = 1.5  # per LM-head parameter: its gathered bf16 copy and gradient (fitted)
 FSDP2_ACTIVATION_SCALE = 0.8  # of ``activation_bytes`` (fitted)
 STAGES = (0, 1, 2, 3)
-ENGINE_NAMES = {"deepspeed": "ZeRO-{stage}", "fsdp2": "FSDP2 (ZeRO-3 layout)"}
+ENGINE_NAMES = {"deepspeed": "ZeRO-{stage}", "fsdp2": "FSDP2 (ZeRO-3 layout)"}  # FSDP2 on one GPU: "FSDP2"
 
 
 @dataclass(frozen=True)
@@ -123,12 +123,13 @@ class Layout:
 
     def describe(self, layers: int | None = None) -> str:
         """'2 GPUs, ZeRO-2, micro-batch 2 x 1, 8/32 layers checkpointed' style summary; under FSDP2
-        'FSDP2 (ZeRO-3 layout)' stands for the stage."""
+        'FSDP2 (ZeRO-3 layout)' stands for the stage, 'FSDP2' on one GPU (nothing to shard)."""
         gpus = f"{self.workers} GPU{'s' if self.workers > 1 else ''}"
         ac = f", {self.checkpointed}/{layers} layers checkpointed" if self.checkpointed and layers else \
             (f", {self.checkpointed} layers checkpointed" if self.checkpointed else "")
         batch = f"micro-batch {self.micro_batch_size} x {self.gradient_accumulation_steps}"
-        stage = ENGINE_NAMES[self.engine].format(stage=self.zero_stage)
+        stage = "FSDP2" if self.engine == "fsdp2" and self.workers == 1 else \
+            ENGINE_NAMES[self.engine].format(stage=self.zero_stage)
         return f"{gpus}, {stage}, {batch}{ac}"
 
 
@@ -198,9 +199,13 @@ def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, se
     return state_bytes(shape, stage, workers, zero) + activations
 
 
-def stage_engine(stage: int, zero3_engine: str) -> str:
-    """The engine that runs a layout of ZeRO ``stage``: ``zero3_engine`` for stage 3, DeepSpeed for the others."""
-    return zero3_engine if stage == 3 else "deepspeed"
+def layout_engine(stage: int, workers: int, preferred_engine: str, on_gpu: bool = True) -> str:
+    """The engine that runs a layout of ZeRO ``stage`` on ``workers`` ranks: ``preferred_engine`` (FSDP2 under
+    ``engine: auto``) for stage 3 and for one GPU, DeepSpeed for the rest. On one GPU FSDP2 shards nothing: it trains
+    bf16 over float32 master weights without DeepSpeed's bf16 optimizer wrapper, whose overflow check reads one value
+    per parameter back on the host every step (docs/results.md, "Warm trials"). One CPU rank (``on_gpu`` False) has
+    no GPU to wait on and stays on DeepSpeed."""
+    return preferred_engine if stage == 3 or (workers == 1 and on_gpu) else "deepspeed"
 
 
 def recorded_mfu(engine: str, stage: int, workers: int) -> float:
@@ -221,10 +226,10 @@ def _divisors(n: int) -> list[int]:
 
 def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_batch: int,
                gpu_memory_bytes: float, workers: Iterable[int], stages: tuple[int, ...],
-               checkpointing: bool | int | None, zero3_engine: str = "deepspeed") -> list[Layout]:
+               checkpointing: bool | int | None, preferred_engine: str = "deepspeed") -> list[Layout]:
     """Every layout that fits: per (GPUs, stage, micro-batch up to ``micro_batch`` dividing the GPU's share of the
     step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none, True for all,
-    or a count), with ``zero_buckets``' default buckets; ZeRO-3 on ``zero3_engine``. A micro-batch below the
+    or a count), with ``zero_buckets``' default buckets; ZeRO-3 on ``preferred_engine``. A micro-batch below the
     config's costs 3% (smaller products, more steps of the loop)."""
     budget, fitting = budget_bytes(gpu_memory_bytes), []
     for n in workers:
@@ -234,7 +239,7 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
         for stage in stages:
             if len(stages) > 1 and (stage > 0) != (n > 1) or len(stages) > 1 and stage == 1:
                 continue  # choosing: ZeRO-0 on one GPU (nothing to partition), ZeRO-2 or 3 across GPUs
-            engine = stage_engine(stage, zero3_engine)
+            engine = layout_engine(stage, n, preferred_engine)
             mfu = recorded_mfu(engine, stage, n)
             for micro in (d for d in _divisors(share) if d <= micro_batch):
                 wide = False  # zero_buckets' default (see there)
@@ -261,15 +266,15 @@ def _checkpoint_choices(layers: int, checkpointing: bool | int | None) -> list[i
 def plan_layout(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_batch: int,
                 gpu_memory_bytes: float, workers: int | None = None, max_workers: int = 8,
                 stage: int | None = None, checkpointing: bool | int | None = None,
-                zero3_engine: str = "deepspeed") -> Layout:
+                preferred_engine: str = "deepspeed") -> Layout:
     """The cheapest fitting layout (module docstring); given ``workers``/``stage``/``checkpointing`` are kept,
-    ZeRO-3 runs on ``zero3_engine``. Raises ValueError naming the model, memory and what was tried when nothing
+    ZeRO-3 runs on ``preferred_engine``. Raises ValueError naming the model, memory and what was tried when nothing
     fits."""
     counts = [workers] if workers else [1 << i for i in range(int(math.log2(max_workers)) + 1)]
     fitting = candidates(shape, seq_len, sequences_per_step, micro_batch, gpu_memory_bytes, counts,
-                         (stage,) if stage is not None else STAGES, checkpointing, zero3_engine)
+                         (stage,) if stage is not None else STAGES, checkpointing, preferred_engine)
     if not fitting:
-        smallest = peak_bytes(shape, 3, max(counts), 1, seq_len, True, engine=zero3_engine) / GIB
+        smallest = peak_bytes(shape, 3, max(counts), 1, seq_len, True, engine=preferred_engine) / GIB
         raise ValueError(f"expected a layout of a {shape.params / 1e9:.2f}B-parameter model ({sequences_per_step} "
                          f"sequences of {seq_len} tokens a step) within {gpu_memory_bytes / GIB:.0f} GiB GPUs on "
                          f"{'/'.join(map(str, counts))} GPUs, got none: the smallest needs {smallest:.1f} GiB per GPU; "
@@ -293,13 +298,14 @@ def planned_stage(engine: str, zero_stage: int | str) -> int | None:
 
 
 def with_layout(train: Any, layout: Layout, shape: ModelShape | None = None) -> Any:
-    """A ``TrainConfig`` with the layout's engine, stage, micro-batch, accumulation and checkpointed layers; wide
-    ZeRO-3 buckets go under ``train.deepspeed`` (its own entries still win)."""
+    """A ``TrainConfig`` with the layout's stage, micro-batch, accumulation and checkpointed layers; wide ZeRO-3
+    buckets go under ``train.deepspeed`` (its own entries still win). ``train.engine`` stays: the worker derives the
+    layout's engine from it (``trainable.config.engine_for``)."""
     deepspeed = train.deepspeed
     if layout.wide_buckets and shape is not None:
         ours = zero_buckets(layout.zero_stage, shape.layer_params, wide=True)
         deepspeed = {**deepspeed, "zero_optimization": {**ours, **deepspeed.get("zero_optimization", {})}}
-    return dataclasses.replace(train, engine=layout.engine, zero_stage=layout.zero_stage,
+    return dataclasses.replace(train, zero_stage=layout.zero_stage,
                                micro_batch_size=layout.micro_batch_size,
                                gradient_accumulation_steps=layout.gradient_accumulation_steps,
                                activation_checkpointing=layout.checkpointed, deepspeed=deepspeed)

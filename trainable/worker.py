@@ -31,9 +31,8 @@ from trainable import checkpointing
 from trainable.ats import trial_ats_head
 from trainable.attention_check import AttentionChoice, choose_attention
 from trainable.compiled import compile_wanted, compiled_decoder_layers, decoder_layers
-from trainable.deepspeed_setup import resolved_stage
 from trainable.export import Gather, save_hf_model
-from trainable.config import TrialConfig, engine_for
+from trainable.config import TrialConfig, engine_for, resolved_stage
 from trainable.fault_injection import die_if_due, oom_if_due
 from trainable import fsdp2_engine, fsdp2_weights, zero3_scoring
 from trainable.lm_head import CausalLMWithFusedLoss
@@ -208,7 +207,8 @@ def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
 
     from trainable import deepspeed_setup
 
-    build_engine = fsdp2_engine.build_engine if engine_for(trial.train) == "fsdp2" else deepspeed_setup.build_engine
+    fsdp2 = engine_for(trial.train, world_size, device.type) == "fsdp2"
+    build_engine = fsdp2_engine.build_engine if fsdp2 else deepspeed_setup.build_engine
     oom_if_due(rank, trial.results_dir, trial.run_name, trial.trial_id)
     engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
     skip = start * trial.train.gradient_accumulation_steps

@@ -174,8 +174,8 @@ def test_cli_dry_run_lists_trials_and_layouts(tmp_path):
     assert out.returncode == 0, out.stderr
     assert len(_trial_ids(out.stdout)) == 4
     # each family's layout, the memory model's peak per GPU and the sweep's predicted GPU-hours
-    assert "  smollm2-135m: 1 GPU, ZeRO-0, micro-batch 2 x 2; peak " in out.stdout
-    assert "  gemma3-270m: 1 GPU, ZeRO-0, micro-batch 2 x 2; peak " in out.stdout
+    assert "  smollm2-135m: 1 GPU, FSDP2, micro-batch 2 x 2; peak " in out.stdout
+    assert "  gemma3-270m: 1 GPU, FSDP2, micro-batch 2 x 2; peak " in out.stdout
     assert "2 trial(s)," in out.stdout and "  sweep: " in out.stdout and " GPU-hours" in out.stdout
 
 
@@ -187,13 +187,21 @@ def test_cli_families_runs_one_half_of_a_grid(tmp_path):
     assert bad.returncode == 2 and "unknown model family 'nosuch'" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_the_default_engine_runs_zero3_layouts_on_fsdp2_and_the_rest_on_deepspeed():
+def test_the_default_engine_runs_zero3_and_one_gpu_layouts_on_fsdp2_and_the_rest_on_deepspeed():
     from trainable.config import engine_for
 
-    assert TrainConfig().engine == "auto" and engine_for(TrainConfig(zero_stage=3)) == "fsdp2"
-    assert [engine_for(TrainConfig(zero_stage=stage)) for stage in (0, 1, 2, "auto")] == ["deepspeed"] * 4
-    # asking for what only DeepSpeed has keeps ZeRO-3 on DeepSpeed; an explicit engine wins
-    assert engine_for(TrainConfig(zero_stage=3, deepspeed={"zero_optimization": {"reduce_bucket_size": 7}})) == \
-        engine_for(TrainConfig(zero_stage=3, precision="fp16")) == \
-        engine_for(TrainConfig(zero_stage=3, engine="deepspeed")) == "deepspeed"
-    assert engine_for(TrainConfig(engine="fsdp2")) == "fsdp2"
+    assert TrainConfig().engine == "auto"
+    assert engine_for(TrainConfig(zero_stage=3), 2, "cuda") == engine_for(TrainConfig(zero_stage=3), 2, "cpu") == \
+        engine_for(TrainConfig(zero_stage=3), 1, "cpu") == "fsdp2"
+    assert [engine_for(TrainConfig(zero_stage=stage), 2, "cuda") for stage in (0, 1, 2, "auto")] == ["deepspeed"] * 4
+    # one GPU: FSDP2 whatever the stage (nothing to shard); one CPU rank: DeepSpeed
+    assert [engine_for(TrainConfig(zero_stage=stage), 1, "cuda") for stage in (0, 2, "auto")] == ["fsdp2"] * 3
+    assert [engine_for(TrainConfig(zero_stage=stage), 1, "cpu") for stage in (0, 2, "auto")] == ["deepspeed"] * 3
+    # asking for what only DeepSpeed has keeps DeepSpeed; an explicit engine wins
+    for world_size in (1, 2):
+        assert engine_for(TrainConfig(zero_stage=3, deepspeed={"zero_optimization": {"reduce_bucket_size": 7}}),
+                          world_size, "cuda") == \
+            engine_for(TrainConfig(zero_stage=3, precision="fp16"), world_size, "cuda") == \
+            engine_for(TrainConfig(zero_stage=3, engine="deepspeed"), world_size, "cuda") == "deepspeed"
+    assert engine_for(TrainConfig(zero_stage=0, engine="deepspeed"), 1, "cuda") == "deepspeed"
+    assert engine_for(TrainConfig(engine="fsdp2"), 2, "cpu") == "fsdp2"

@@ -63,20 +63,29 @@ def test_cheapest_layouts():
     layout = plan_layout(one_b, 2048, 16, 2, H100)
     assert (layout.workers, layout.zero_stage, layout.checkpointed, layout.micro_batch_size,
             layout.gradient_accumulation_steps) == (1, 0, 0, 2, 8)
+    assert layout.engine == "deepspeed"
+    # the default's preferred engine trains one GPU on FSDP2 too (the same layout, FSDP2's memory model)
+    fsdp2 = plan_layout(one_b, 2048, 16, 2, H100, preferred_engine="fsdp2")
+    assert (fsdp2.workers, fsdp2.zero_stage, fsdp2.engine, fsdp2.micro_batch_size) == (1, 0, "fsdp2", 2)
+    assert fsdp2.peak_bytes == peak_bytes(one_b, 0, 1, 2, 2048, 0, engine="fsdp2") < layout.peak_bytes
     # states fit two H200s but weights and states not one: ZeRO-2 across two, the step's sequences split
     layout = plan_layout(eight_b, 2048, 4, 2, H200)
     assert (layout.workers, layout.zero_stage, layout.micro_batch_size, layout.gradient_accumulation_steps,
             layout.checkpointed) == (2, 2, 2, 1, 0)
     # two H100s: ZeRO-2 does not fit; ZeRO-3 on FSDP2 (the default's engine) at the whole micro-batch, nothing
     # recomputed; on DeepSpeed's ZeRO-3 (18 bytes a parameter) only a micro-batch of 1 with recomputed layers fits
-    layout = plan_layout(eight_b, 2048, 4, 2, H100, workers=2, zero3_engine="fsdp2")
+    layout = plan_layout(eight_b, 2048, 4, 2, H100, workers=2, preferred_engine="fsdp2")
     assert (layout.zero_stage, layout.engine, layout.micro_batch_size, layout.checkpointed) == (3, "fsdp2", 2, 0)
     assert layout.peak_bytes <= H100
     layout = plan_layout(eight_b, 2048, 4, 2, H100, workers=2)
     assert (layout.zero_stage, layout.engine, layout.micro_batch_size) == (3, "deepspeed", 1)
     assert layout.checkpointed > 0 and layout.peak_bytes <= H100
     # where ZeRO-2 fits it stays cheaper than ZeRO-3 on either engine (recorded MFU 45% against 40% and 37%)
-    assert plan_layout(eight_b, 2048, 4, 2, H200, zero3_engine="fsdp2").zero_stage == 2
+    assert plan_layout(eight_b, 2048, 4, 2, H200, workers=2, preferred_engine="fsdp2").zero_stage == 2
+    # FSDP2's 16 bytes a parameter fit 8B on one H200, at half the GPU-seconds of two
+    alone = plan_layout(eight_b, 2048, 4, 2, H200, preferred_engine="fsdp2")
+    assert (alone.workers, alone.engine, alone.micro_batch_size, alone.checkpointed) == (1, "fsdp2", 2, 0)
+    assert plan_layout(eight_b, 2048, 4, 2, H200).workers == 2  # DeepSpeed's ZeRO-0 needs 18
 
 
 def test_explicit_settings_win_and_nothing_fitting_is_one_line():
