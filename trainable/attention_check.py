@@ -103,6 +103,22 @@ def choose_attention(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor]
     return AttentionChoice("math", MATH, report)
 
 
+_CHOSEN: dict[str, AttentionChoice] = {}  # this process's one-rank checks: key -> choice
+
+
+def choose_attention_once(key: str, model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor]) -> AttentionChoice:
+    """``choose_attention``, run once per ``key`` in a process of one rank: a warm trial actor's later trials with
+    the same key (model config, batch shapes and dtypes, engine, precision, device) take the first one's answer, as
+    SDPA picks its kernel by those, not by the values. Under several ranks it runs every time (every rank must run
+    the same forwards)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1:
+        return choose_attention(model, loss_fn)
+    if key not in _CHOSEN:
+        _CHOSEN[key] = choose_attention(model, loss_fn)
+    return _CHOSEN[key]
+
+
 def _on_every_rank(flag: bool, device: torch.device) -> bool:
     """``flag`` and-reduced over the torch.distributed group (just ``flag`` without one)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):

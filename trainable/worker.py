@@ -29,7 +29,7 @@ from calibration.summary import flat_metrics
 from calibration.task_config import TASKS
 from trainable import checkpointing
 from trainable.ats import trial_ats_head
-from trainable.attention_check import AttentionChoice, choose_attention
+from trainable.attention_check import AttentionChoice, choose_attention_once
 from trainable.compiled import compile_wanted, compiled_decoder_layers, decoder_layers
 from trainable.export import Gather, save_hf_model
 from trainable.config import TrialConfig, engine_for, resolved_stage
@@ -222,7 +222,9 @@ def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
     attention = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
     if trial.train.attention_check:
         probe = {k: v.to(device) for k, v in first_batch.items()}
-        attention = choose_attention(model, lambda: engine.module(**probe))
+        key = json.dumps([model.config.to_json_string(), {k: [list(v.shape), str(v.dtype)] for k, v in probe.items()},
+                          type(engine).__name__, precision, device.type, device_name(device)])
+        attention = choose_attention_once(key, model, lambda: engine.module(**probe))
         if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
             print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
     if resumed:
@@ -394,7 +396,6 @@ def trial_result(setup: TrialSetup, trained: Training, scored: Scores, device: t
     train_s = clock.stopped - clock.started
     steady = clock.steady_rate()
     flops = training_flops_per_token(facts["n_params"], facts["n_layers"], facts["hidden_size"], setup.row_width)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return TrialResult(
         model_source=setup.spec.source, model_location=setup.spec.location, **facts,
         train_loss=trained.step_loss, train_loss_plain=trained.plain_loss, train_loss_first=trained.first_loss,
@@ -402,7 +403,7 @@ def trial_result(setup: TrialSetup, trained: Training, scored: Scores, device: t
         resumed_from_step=setup.start, train_tokens=(trained.prior_tokens + clock.tokens) * world_size,
         tokens_per_s=clock.tokens * world_size / max(train_s, 1e-9), tokens_per_s_steady=steady,
         wall_warmup_s=clock.warmup_s(),
-        mfu=model_flops_utilization(None if steady is None else steady / world_size, flops, device_name),
+        mfu=model_flops_utilization(None if steady is None else steady / world_size, flops, device_name(device)),
         engine=trial_engine(engine), precision=setup.precision, attention=setup.attention.name,
         device=str(device.type), world_size=world_size,
         zero_stage=engine.zero_optimization_stage(), micro_batch_size=engine.train_micro_batch_size_per_gpu(),
@@ -428,6 +429,11 @@ def gather_for(engine: Any) -> Gather:
     if isinstance(engine, fsdp2_engine.Fsdp2Engine):
         return functools.partial(fsdp2_weights.gathered_copy, dtype=engine.compute_dtype)
     return zero3_scoring.gathered_copy
+
+
+def device_name(device: torch.device) -> str | None:
+    """The GPU's name (``torch.cuda.get_device_name``), None on the CPU."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def trial_engine(engine: Any) -> str:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend
 
-from trainable.attention_check import MATH, agreement, choose_attention, loss_and_input_grad
+from trainable.attention_check import MATH, agreement, choose_attention, choose_attention_once, loss_and_input_grad
 from trainable.lm_head import CausalLMWithFusedLoss
 from common.models import load_model, load_tokenizer, resolve_model
 from trainable.sft_data import build_sft_examples, collate
@@ -44,6 +44,22 @@ def test_a_kernel_set_that_cannot_run_is_skipped_for_the_next(wrapped_and_batch)
 def test_the_ranks_keep_a_candidate_only_if_it_agrees_on_all_of_them(wrapped_and_batch, one_rank_process_group):
     wrapped, batch = wrapped_and_batch  # a one-rank gloo group: the and-reduction runs and keeps the agreement
     assert choose_attention(wrapped.model, lambda: wrapped(**batch)).name == "default"
+
+
+def test_one_rank_checks_each_key_once(wrapped_and_batch):
+    """A warm process's later trial of the same key takes the first check's choice: no forward runs."""
+    wrapped, batch = wrapped_and_batch
+    forwards = []
+
+    def loss():
+        forwards.append(1)
+        return wrapped(**batch)
+
+    first = choose_attention_once("test-key", wrapped.model, loss)
+    checked = len(forwards)
+    assert first.name == "default" and checked >= 2  # the math reference and SDPA's own choice
+    assert choose_attention_once("test-key", wrapped.model, loss) is first and len(forwards) == checked
+    assert choose_attention_once("test-other-key", wrapped.model, loss).name == "default" and len(forwards) > checked
 
 
 def test_the_input_gradient_matches_autograd_through_the_whole_model(wrapped_and_batch):
