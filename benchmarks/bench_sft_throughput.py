@@ -168,7 +168,8 @@ def _layout(args, row: dict, device, preferred: str):
         return shape, dataclasses.replace(layout, engine=engine)  # as a trial on this device runs it
     micro = args.micro_batch or row["batch"]
     engine = layout_engine(row["zero"], row["gpus"], preferred, on_gpu=device.type == "cuda")
-    peak = peak_bytes(shape, row["zero"], row["gpus"], micro, args.seq_len, args.recompute, engine=engine)
+    peak = peak_bytes(shape, row["zero"], row["gpus"], micro, args.seq_len, args.recompute, engine=engine,
+                      accumulation=row["batch"] // micro)
     return shape, Layout(row["gpus"], row["zero"], micro, row["batch"] // micro, args.recompute, peak, float("nan"),
                          engine=engine)
 

@@ -27,8 +27,12 @@ A ZeRO-3 layout, and a one-GPU one, runs on the engine ``trainable.config.prefer
 default; ``layout_engine``), planned with that engine's memory model and MFU. FSDP2 keeps float32 weights, gradients and AdamW moments sharded and gathers bf16
 copies per layer:
     FSDP2:    16P/N + 1.5 bytes per LM-head parameter + 0.8 x the activations above
-(fitted to its measured peaks: Inductor recomputes more inside its compiled layers than inside DeepSpeed's, whose
-linear autograd function it cannot see into). Under ``train.engine: fsdp2`` the layout is ZeRO-3's
+(fitted to its measured peaks without accumulation: Inductor recomputes more inside its compiled layers than
+inside DeepSpeed's, whose linear autograd function it cannot see into; and a step's float32 gradients appear as
+its backward frees the activations). With accumulation a later micro-batch runs with every gradient held: the
+activations count whole (8B alone on an H200 at micro-batch 2 ran out of memory at 16 sequences a step, at 137.4
+GiB, and fitted at 2: docs/measurements/2026-11-27-one-gpu-fsdp2). Until a peak with accumulation is recorded,
+such a plan keeps ``UNRECORDED_HEADROOM`` of the budget free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's
 (``planned_stage``).
 """
 
@@ -60,6 +64,8 @@ RECORDED_MFU = {(0, False): 0.41, (0, True): 0.41, (1, True): 0.45, (2, True): 0
 RECORDED_MFU_FSDP2 = {False: 0.44, True: 0.40}
 FSDP2_HEAD_BYTES = 1.5  # per LM-head parameter: its gathered bf16 copy and gradient (fitted)
 FSDP2_ACTIVATION_SCALE = 0.8  # of ``activation_bytes`` (fitted)
+# FSDP2 with accumulation has no recorded peak yet: its plans keep the model's tolerance (10%) as headroom
+UNRECORDED_HEADROOM = 0.10
 STAGES = (0, 1, 2, 3)
 ENGINE_NAMES = {"deepspeed": "ZeRO-{stage}", "fsdp2": "FSDP2 (ZeRO-3 layout)"}  # FSDP2 on one GPU: "FSDP2"
 
@@ -188,14 +194,16 @@ def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool) -
 
 
 def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
-               checkpointed: int | bool = 0, zero: dict[str, Any] | None = None, engine: str = "deepspeed") -> float:
+               checkpointed: int | bool = 0, zero: dict[str, Any] | None = None, engine: str = "deepspeed",
+               accumulation: int = 1) -> float:
     """Predicted peak of PyTorch's allocator per GPU: the states plus the backward's activations (module
-    docstring; ``engine`` fsdp2 for a ZeRO-3 layout on FSDP2)."""
+    docstring; ``engine`` fsdp2 for a layout on FSDP2, ``accumulation`` its micro-batches a step)."""
     activations = activation_bytes(shape, micro_batch * seq_len, checkpointed)
     if engine == "fsdp2":
         comm = NCCL_BUFFER_BYTES if workers > 1 else 0.0
+        scale = FSDP2_ACTIVATION_SCALE if accumulation == 1 else 1.0
         return 16 * shape.params / workers + comm + FSDP2_HEAD_BYTES * shape.vocab * shape.hidden \
-            + FSDP2_ACTIVATION_SCALE * activations
+            + scale * activations
     return state_bytes(shape, stage, workers, zero) + activations
 
 
@@ -245,8 +253,10 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                 wide = False  # zero_buckets' default (see there)
                 zero = zero_buckets(stage, shape.layer_params, wide)
                 layers = _checkpoint_choices(shape.layers, checkpointing)
-                peaks = {k: peak_bytes(shape, stage, n, micro, seq_len, k, zero, engine) for k in layers}
-                k = next((k for k in layers if peaks[k] <= budget), None)
+                peaks = {k: peak_bytes(shape, stage, n, micro, seq_len, k, zero, engine, share // micro)
+                         for k in layers}
+                room = budget / (1 + UNRECORDED_HEADROOM) if engine == "fsdp2" and share > micro else budget
+                k = next((k for k in layers if peaks[k] <= room), None)
                 if k is None:
                     continue
                 slower = 1.03 if micro < micro_batch else 1.0

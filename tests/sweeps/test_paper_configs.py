@@ -22,9 +22,7 @@ def test_paper_config_is_the_144_point_grid_at_batch_128(dataset):
     for family in FAMILIES:  # the batch DeepSpeed gets, whatever the layout: micro x accumulation x workers
         planned = sweep.trial(sweep.trial_points()[FAMILIES.index(family) * 24]).train
         assert planned.micro_batch_size * planned.gradient_accumulation_steps * workers_for(sweep, family) == 128
-    # H100s: the 1-3B families on one GPU (FSDP2, nothing to shard), the 7-8B on two with ZeRO-3 on FSDP2 at
-    # micro-batch 2, nothing recomputed (Mistral, vocabulary 32k: ZeRO-2 fits too, but only at micro-batch 1 with 12
-    # layers recomputed)
+    # H100s: the 1-3B families on one GPU (FSDP2, nothing to shard), the 7-8B on two with ZeRO-3 on FSDP2
     assert [(workers_for(sweep, f), sweep.layout(f).zero_stage, sweep.layout(f).engine) for f in FAMILIES] == [
         (1, 0, "fsdp2"), (1, 0, "fsdp2"), (2, 3, "fsdp2"), (1, 0, "fsdp2"), (2, 3, "fsdp2"), (2, 3, "fsdp2")]
     assert (train.dropout, train.precision, train.zero_stage) == (0.1, "bf16", "auto")

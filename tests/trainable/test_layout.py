@@ -8,7 +8,7 @@ import pytest
 
 from common.models import REGISTRY
 from trainable.config import TrainConfig
-from trainable.layout import (GIB, ModelShape, gpu_hours, model_shape, peak_bytes, plan_layout, planned_stage,
+from trainable.layout import (GIB, ModelShape, budget_bytes, gpu_hours, model_shape, peak_bytes, plan_layout, planned_stage,
                               with_layout, zero_buckets)
 
 MEASUREMENTS = Path(__file__).parents[2] / "docs" / "measurements"
@@ -16,7 +16,9 @@ RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",
            MEASUREMENTS / "2026-11-27-h100x2" / "sft_throughput_h100x2.json",
            MEASUREMENTS / "2026-11-27-loop-fsdp2" / "sft_throughput_h200x2.json",
            MEASUREMENTS / "2026-11-27-must6-h200x2" / "sft_throughput_h200x2.json",
-           MEASUREMENTS / "2026-11-27-must6-h200x2" / "8b_at_h100_memory_h200x2.json")
+           MEASUREMENTS / "2026-11-27-must6-h200x2" / "8b_at_h100_memory_h200x2.json",
+           MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "one_gpu_alpaca_h200.json",
+           MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "8b_one_gpu_h200.json")
 SHAPES = {"1b": model_shape(REGISTRY["llama-3.2-1b"]), "8b": model_shape(REGISTRY["llama-3.1-8b"])}
 H100, H200 = 79.6 * GIB, 139.8 * GIB
 
@@ -44,7 +46,7 @@ def test_memory_model_within_10_percent_of_measured_peaks(record):
     shape = SHAPES[record["shape"]]
     predicted = peak_bytes(shape, record["zero_stage"], record["gpus"], record["micro_batch"], record["seq_len"],
                            record["recomputed_layers"], record.get("zero_optimization"),
-                           record.get("engine", "deepspeed")) / GIB
+                           record.get("engine", "deepspeed"), record["accumulation"]) / GIB
     assert predicted == pytest.approx(record["peak_gib"], rel=0.10)
 
 
@@ -53,7 +55,7 @@ def test_records_cover_every_stage_and_recompute():
     assert {r["zero_stage"] for r in measured} == {0, 2, 3} and {r["gpus"] for r in measured} == {1, 2}
     assert any(r["recomputed_layers"] for r in measured) and {r["shape"] for r in measured} == {"1b", "8b"}
     fsdp2 = [r for r in measured if r.get("engine") == "fsdp2"]
-    assert {(r["shape"], r["gpus"]) for r in fsdp2} == {("1b", 1), ("1b", 2), ("8b", 2)}
+    assert {(r["shape"], r["gpus"]) for r in fsdp2} == {("1b", 1), ("1b", 2), ("8b", 1), ("8b", 2)}
     assert {r["micro_batch"] for r in fsdp2} == {1, 2, 4} and any(r["recomputed_layers"] for r in fsdp2)
 
 
@@ -67,7 +69,7 @@ def test_cheapest_layouts():
     # the default's preferred engine trains one GPU on FSDP2 too (the same layout, FSDP2's memory model)
     fsdp2 = plan_layout(one_b, 2048, 16, 2, H100, preferred_engine="fsdp2")
     assert (fsdp2.workers, fsdp2.zero_stage, fsdp2.engine, fsdp2.micro_batch_size) == (1, 0, "fsdp2", 2)
-    assert fsdp2.peak_bytes == peak_bytes(one_b, 0, 1, 2, 2048, 0, engine="fsdp2") < layout.peak_bytes
+    assert fsdp2.peak_bytes == peak_bytes(one_b, 0, 1, 2, 2048, 0, engine="fsdp2", accumulation=8) < layout.peak_bytes
     # states fit two H200s but weights and states not one: ZeRO-2 across two, the step's sequences split
     layout = plan_layout(eight_b, 2048, 4, 2, H200)
     assert (layout.workers, layout.zero_stage, layout.micro_batch_size, layout.gradient_accumulation_steps,
@@ -82,10 +84,12 @@ def test_cheapest_layouts():
     assert layout.checkpointed > 0 and layout.peak_bytes <= H100
     # where ZeRO-2 fits it stays cheaper than ZeRO-3 on either engine (recorded MFU 45% against 40% and 37%)
     assert plan_layout(eight_b, 2048, 4, 2, H200, workers=2, preferred_engine="fsdp2").zero_stage == 2
-    # FSDP2's 16 bytes a parameter fit 8B on one H200, at half the GPU-seconds of two
-    alone = plan_layout(eight_b, 2048, 4, 2, H200, preferred_engine="fsdp2")
+    # 8B alone on an H200 under FSDP2: 16 sequences a step at micro-batch 2 ran out of memory (137.4 GiB): with
+    # accumulation its activations count whole and it is planned on two GPUs; without, it fits (123.6 GiB measured)
+    assert plan_layout(eight_b, 2048, 16, 2, H200, preferred_engine="fsdp2").workers == 2
+    assert peak_bytes(eight_b, 0, 1, 2, 2048, 0, engine="fsdp2", accumulation=8) > budget_bytes(H200)
+    alone = plan_layout(eight_b, 2048, 2, 2, H200, preferred_engine="fsdp2")
     assert (alone.workers, alone.engine, alone.micro_batch_size, alone.checkpointed) == (1, "fsdp2", 2, 0)
-    assert plan_layout(eight_b, 2048, 4, 2, H200).workers == 2  # DeepSpeed's ZeRO-0 needs 18
 
 
 def test_explicit_settings_win_and_nothing_fitting_is_one_line():
