@@ -15,6 +15,7 @@ from torch import nn
 
 import kernels
 from kernels.plan_history import PlanHistory
+from trainable.sequence_packing import packed_causal_mask
 
 IGNORE_INDEX = -100
 
@@ -86,8 +87,8 @@ class CausalLMWithFusedLoss(nn.Module):
     sum / loss_divisor: the trial loop passes (response tokens of the whole optimiser step, all micro-batches and
     ranks) / (micro-batches x ranks), so after DeepSpeed's averaging over both the gradient is that of the mean
     over every response token of the step, however they are spread over micro-batches.
-    With ``position_ids`` (packed rows, ``trainable.sequence_packing``) the attention mask is not passed: the decoder
-    finds the examples from the position restarts and keeps them apart.
+    With ``position_ids`` (packed rows, ``trainable.sequence_packing``) the attention mask passed is
+    ``packed_causal_mask``'s, or none where the decoder must build its own: either way the examples are kept apart.
     ``plain_loss`` accumulates, over training forwards, the plain cross-entropy -log p(target) (no smoothing) of
     the same tokens scaled like the returned loss, so that betas can be compared; ``take_plain_loss`` hands it over
     and starts again. ``last_confidence`` holds the mean max-probability of the last batch as a 0-d tensor on the model's device
@@ -107,7 +108,7 @@ class CausalLMWithFusedLoss(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
                 position_ids: torch.Tensor | None = None, loss_divisor: torch.Tensor | None = None) -> torch.Tensor:
         decoder = self.model.get_decoder()
-        mask = None if position_ids is not None else attention_mask
+        mask = attention_mask if position_ids is None else packed_causal_mask(position_ids, self.model.config)
         hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
         targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)

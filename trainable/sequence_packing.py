@@ -4,6 +4,8 @@ A packed row holds several tokenised examples, then padding up to ``width``. ``p
 every example (and at the padding tail): a Hugging Face decoder called with ``position_ids`` and no attention
 mask takes each restart as a sequence boundary (transformers' ``find_packed_sequence_indices``) and builds a
 block-diagonal causal mask, so no token sees another example and rotary positions are each example's own.
+``packed_causal_mask`` builds that mask itself where the decoder's would be it (SDPA, no sliding-window layers):
+the decoder's own check for packing reads a value back from the GPU every forward.
 ``labels`` are the examples' labels with the first token of each example set to -100: the loss shifts labels
 by one, and an example's first token must not become the target of the previous example's last token.
 ``attention_mask`` marks real tokens (1) and the padding tail (0); it is for counting, not passed to the
@@ -108,3 +110,27 @@ def pack_wanted(setting: bool | None, device: "torch.device") -> bool:
 def packed_width(max_seq_len: int, pack_length: int | None, pad_to_multiple: int) -> int:
     """Row width: ``pack_length`` if set, else ``max_seq_len`` rounded up to a multiple of ``pad_to_multiple``."""
     return pack_length or -(-max_seq_len // pad_to_multiple) * pad_to_multiple
+
+
+def packed_causal_mask(position_ids: torch.Tensor, config) -> torch.Tensor | None:
+    """The mask a Hugging Face decoder builds for packed rows under SDPA, (B, 1, L, L) boolean, True = attend:
+    token i sees token j <= i of its own example, an example starting wherever the position is not the previous
+    one plus 1. Passed as the attention mask (a prepared 4D mask is used as it is), it spares the decoder its check
+    for packing, which reads a value back from the GPU every forward, so the host cannot queue a step ahead.
+    None where the decoder must build its own: attention other than SDPA, or sliding-window layers."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(config, "_attn_implementation", None) != "sdpa" or _has_sliding_layers(text):
+        return None
+    starts = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1) != 1
+    example = starts.cumsum(-1)
+    width = position_ids.shape[-1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=position_ids.device).tril()
+    return ((example[:, :, None] == example[:, None, :]) & causal)[:, None]
+
+
+def _has_sliding_layers(config) -> bool:
+    """Whether any layer of ``config`` (a text config) attends within a sliding window."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return any(kind != "full_attention" for kind in layer_types)
+    return getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)

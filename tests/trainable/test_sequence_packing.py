@@ -9,7 +9,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from trainable.compiled import compiled_decoder_layers
 from trainable.lm_head import CausalLMWithFusedLoss
-from trainable.sequence_packing import collate_packed, iterate_packed_batches, pack_rows, packed_width
+from trainable.sequence_packing import (collate_packed, iterate_packed_batches, pack_rows, packed_causal_mask,
+                                       packed_width)
 from trainable.sft_data import collate
 
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -80,6 +81,25 @@ def test_packed_loss_and_gradients_equal_unpacked(arch):
         torch.testing.assert_close(got_grads[name], want, rtol=1e-5 if float32_norm else 1e-10,
                                    atol=1e-7 if float32_norm else 1e-12,
                                    msg=lambda message: f"{name}: {message}")
+
+
+def test_the_packed_mask_is_the_one_the_decoder_builds():
+    """Where calsweep builds the packed rows' mask (SDPA, full attention) it equals transformers' own, bit for bit;
+    elsewhere (sliding-window layers, eager attention) the decoder builds its own."""
+    from transformers.masking_utils import create_causal_mask
+
+    examples = _examples(9)
+    rows = pack_rows([len(e["input_ids"]) for e in examples], range(len(examples)), width=32)
+    position_ids = collate_packed(examples, rows, width=32, pad_token_id=0)["position_ids"]
+    config = AutoConfig.for_model("llama", **SMALL, attn_implementation="sdpa")
+    want = create_causal_mask(config=config, inputs_embeds=torch.zeros(*position_ids.shape, 32), attention_mask=None,
+                              past_key_values=None, position_ids=position_ids)
+    got = packed_causal_mask(position_ids, config)
+    assert got.dtype == want.dtype == torch.bool and torch.equal(got, want)
+    sliding = AutoConfig.for_model("gemma3_text", **SMALL, sliding_window=4, attn_implementation="sdpa",
+                                   layer_types=["sliding_attention", "full_attention"])
+    assert packed_causal_mask(position_ids, sliding) is None
+    assert packed_causal_mask(position_ids, AutoConfig.for_model("llama", **SMALL, attn_implementation="eager")) is None
 
 
 def test_packed_batches_over_varied_lengths_compile_to_few_graphs():
