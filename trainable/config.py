@@ -69,7 +69,7 @@ class TrainConfig:
     micro_batch_size: int = 4  # sequences per worker per forward
     gradient_accumulation_steps: int = 1  # micro-batches per optimiser step
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
-    engine: str = "auto"  # auto (ZeRO-3 layouts on FSDP2, the rest on DeepSpeed) | deepspeed | fsdp2 (fsdp2_engine.py)
+    engine: str = "auto"  # auto (ZeRO-3 and one-GPU layouts on FSDP2, the rest on DeepSpeed) | deepspeed | fsdp2
     zero_stage: int | str = "auto"  # 0-3, or auto: the cheapest that fits (trainable/layout.py); fsdp2: 3 or auto
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
