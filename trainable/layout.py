@@ -24,8 +24,8 @@ loss's workspace (its float32 hidden-state gradient, the bf16 hidden states, and
 Checked against the peaks measured on GPUs (tests/trainable/test_layout.py reads their JSON).
 
 A ZeRO-3 layout, and a one-GPU one, runs on the engine ``trainable.config.preferred_engine`` names (FSDP2 by
-default; ``layout_engine``), planned with that engine's memory model and MFU. FSDP2 keeps float32 weights, gradients and AdamW moments sharded and gathers bf16
-copies per layer:
+default; ``layout_engine``), planned with that engine's memory model and MFU. FSDP2 keeps float32 weights,
+gradients and AdamW moments sharded and gathers bf16 copies per layer:
     FSDP2:    16P/N + 1.5 bytes per LM-head parameter + 0.8 x the activations above
 (fitted to its measured peaks without accumulation: Inductor recomputes more inside its compiled layers than
 inside DeepSpeed's, whose linear autograd function it cannot see into; and a step's float32 gradients appear as
