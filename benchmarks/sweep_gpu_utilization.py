@@ -86,8 +86,8 @@ def sample_gpus(path: Path) -> subprocess.Popen | None:
     if shutil.which("nvidia-smi") is None:
         path.write_text("")
         return None
-    handle = path.open("w")
-    ids = [f"--id={','.join(visible_gpus())}"] if visible_gpus() else []
+    handle, gpus = path.open("w"), visible_gpus()
+    ids = [f"--id={','.join(gpus)}"] if gpus else []
     return subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu",
                              "--format=csv,noheader,nounits", "-lms", "200", *ids], stdout=handle, text=True)
 

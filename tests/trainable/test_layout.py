@@ -8,8 +8,8 @@ import pytest
 
 from common.models import REGISTRY
 from trainable.config import TrainConfig
-from trainable.layout import (GIB, ModelShape, budget_bytes, gpu_hours, model_shape, peak_bytes, plan_layout, planned_stage,
-                              with_layout, zero_buckets)
+from trainable.layout import (GIB, ModelShape, budget_bytes, gpu_hours, model_shape, peak_bytes, plan_layout,
+                              planned_stage, with_layout, zero_buckets)
 
 MEASUREMENTS = Path(__file__).parents[2] / "docs" / "measurements"
 RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",

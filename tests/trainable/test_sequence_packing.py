@@ -104,7 +104,8 @@ def test_the_packed_mask_is_the_one_the_decoder_builds():
 
 def test_packed_batches_over_varied_lengths_compile_to_few_graphs():
     """40 micro-batches of examples from 2 to 60 tokens: one row shape, so Dynamo compiles at most two graphs
-    (rows holding one example have no packed mask) and never approaches its recompile limit."""
+    (where the decoder builds the mask, rows holding one example have none) and never approaches its recompile
+    limit."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **SMALL, attn_implementation="sdpa"))
     wrapped = CausalLMWithFusedLoss(model, label_smoothing=0.1)
