@@ -1,9 +1,11 @@
 """A one-worker trial run in its own Ray Tune actor, with no Ray Train worker group: the warm path.
 
 Ray Tune hands a finished trial's actor to the next trial of the same resources (``TuneConfig(reuse_actors=True)``),
-so a one-worker trial runs ``trainable.worker.run_trial`` right in its Tune function. What outlives a trial is
-the process: its imports, its torch.distributed group of one (made once, kept), its CUDA context and the graphs
-Dynamo and Inductor compiled (a later trial of the same shape compiles nothing). What does not outlive it is the
+so a one-worker trial runs ``trainable.worker.run_trial`` from its Tune function. What outlives a trial is the
+process: its imports, its torch.distributed group of one (made once, kept), its CUDA context, the graphs Dynamo and
+Inductor compiled (a later trial of the same shape compiles nothing), and one thread that runs every trial of the
+actor (Tune starts a new thread per trial; PyTorch keeps some caches per thread, cuDNN's attention graphs among
+them, which a new thread would build again in its first training step). What does not outlive it is the
 trial's own state: ``run_trial`` seeds every RNG and builds the model, data, optimizer and DeepSpeed engine anew,
 and afterwards they are collected and the CUDA allocator's cache is emptied. An actor whose trial failed is not
 reused (Tune ends it), so a retry starts in a fresh process.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from sweeps import checkpoints
@@ -29,6 +32,9 @@ if TYPE_CHECKING:  # torch and the worker load in the trial's actor, not with th
     import torch
 
     from trainable.worker import TrialWriters
+
+
+TRIAL_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calsweep-trial")  # started by the first trial
 
 
 def wanted(sweep: SweepConfig, family: str) -> bool:
@@ -69,8 +75,17 @@ def _process_group(device: torch.device) -> None:
 
 
 def run(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: str, writers: TrialWriters) -> dict[str, Any]:
-    """Run ``trial`` in this process, reporting to Tune; checkpoints in the run folder ``name`` under
-    ``storage_path``, resumed from its newest. Returns the final metrics (what the store's row is made of)."""
+    """Run ``trial`` in this process on its trial thread (``TRIAL_THREAD``), reporting to Tune; checkpoints in the
+    run folder ``name`` under ``storage_path``, resumed from its newest. Returns the final metrics (what the store's
+    row is made of); the trial's exceptions, and Tune's stop (SystemExit at a report), reach the caller."""
+    trial_run = TRIAL_THREAD.submit(_run_here, sweep, trial, storage_path, name, writers)
+    TRIAL_THREAD.submit(_release_memory)  # while Tune books the trial; the next trial's run queues behind it
+    return trial_run.result()
+
+
+def _run_here(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: str,
+              writers: TrialWriters) -> dict[str, Any]:
+    """``run``'s work, on the calling thread."""
     import torch
     from ray import tune
 
@@ -90,11 +105,15 @@ def run(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: str, wr
             checkpoints.persist(storage_path, name, directory, sweep.train.checkpoints_to_keep)
         report(metrics)
 
-    try:
-        with checkpoints.latest(storage_path, name) as resume_from:
-            return run_trial(trial, device, 0, 1, report, report_checkpoint, resume_from=resume_from,
-                             writers=writers)
-    finally:  # the trial's model, optimizer and engine go with run_trial's frame; their memory goes back now
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    with checkpoints.latest(storage_path, name) as resume_from:
+        return run_trial(trial, device, 0, 1, report, report_checkpoint, resume_from=resume_from, writers=writers)
+
+
+def _release_memory() -> None:
+    """After a trial, on its thread: its model, optimizer and engine (gone with ``_run_here``'s frame, some in
+    reference cycles) collected, and the CUDA allocator's cache emptied."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

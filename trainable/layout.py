@@ -31,9 +31,10 @@ gradients and AdamW moments sharded and gathers bf16 copies per layer:
 inside DeepSpeed's, whose linear autograd function it cannot see into; and a step's float32 gradients appear as
 its backward frees the activations). With accumulation a later micro-batch runs with every gradient held: the
 activations count whole (8B alone on an H200 at micro-batch 2 ran out of memory at 16 sequences a step, at 137.4
-GiB, and fitted at 2: docs/measurements/2026-11-27-one-gpu-fsdp2). Until a peak with accumulation is recorded,
-such a plan keeps ``UNRECORDED_HEADROOM`` of the budget free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's
-(``planned_stage``).
+GiB, and fitted at 2: docs/measurements/2026-11-27-one-gpu-fsdp2). The model under-predicts every peak recorded
+with accumulation, by 4.0-6.7% (8B at micro-batch 1 x 2 and 1 x 4, on two GPUs with 0-24 layers recomputed and on
+one H200: docs/measurements/2026-11-27-fsdp2-accumulation and the earlier 2-GPU records), so such a plan keeps
+``ACCUMULATION_HEADROOM`` of the budget free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's (``planned_stage``).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ RECORDED_MFU = {(0, False): 0.41, (0, True): 0.41, (1, True): 0.45, (2, True): 0
 RECORDED_MFU_FSDP2 = {False: 0.44, True: 0.40}
 FSDP2_HEAD_BYTES = 1.5  # per LM-head parameter: its gathered bf16 copy and gradient (fitted)
 FSDP2_ACTIVATION_SCALE = 0.8  # of ``activation_bytes`` (fitted)
-# FSDP2 with accumulation has no recorded peak yet: its plans keep the model's tolerance (10%) as headroom
-UNRECORDED_HEADROOM = 0.10
+# FSDP2 with accumulation: its plans keep the model's tolerance (10%) free (module docstring)
+ACCUMULATION_HEADROOM = 0.10
 STAGES = (0, 1, 2, 3)
 ENGINE_NAMES = {"deepspeed": "ZeRO-{stage}", "fsdp2": "FSDP2 (ZeRO-3 layout)"}  # FSDP2 on one GPU: "FSDP2"
 
@@ -255,7 +256,7 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                 layers = _checkpoint_choices(shape.layers, checkpointing)
                 peaks = {k: peak_bytes(shape, stage, n, micro, seq_len, k, zero, engine, share // micro)
                          for k in layers}
-                room = budget / (1 + UNRECORDED_HEADROOM) if engine == "fsdp2" and share > micro else budget
+                room = budget / (1 + ACCUMULATION_HEADROOM) if engine == "fsdp2" and share > micro else budget
                 k = next((k for k in layers if peaks[k] <= room), None)
                 if k is None:
                     continue

@@ -257,6 +257,18 @@ def _total_steps(trial: TrialConfig, examples: list[dict], pack_width: int | Non
 
 
 @dataclass
+class DeferredStep:
+    """A queued step whose loss is read after the next step is queued: its loss, its learning rate, and for a log
+    step the plain loss and confidence to report (rank-local), copied behind its kernels."""
+
+    step: int
+    loss: PendingLoss
+    lr: float
+    plain: PendingLoss | None = None
+    confidence: PendingLoss | None = None
+
+
+@dataclass
 class Training:
     """What the training phase measured: the last step's losses and confidence, the last validation loss, tokens."""
 
@@ -274,8 +286,8 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
           report_checkpoint: ReportCheckpoint | None) -> Training:
     """The optimiser steps from ``setup.start`` to ``setup.total_steps``: one line per step below, its schedules
     (fault injection, validation, logging, checkpoints) written out in the loop. The host waits for the GPU only
-    to read a loss: a step that reports nothing has its loss read after the next step is queued; a reporting step
-    (log, validation, checkpoint, the last) reads its own at once."""
+    to read a loss: a step's loss, and a log step's report, are read after the next step is queued; a step that
+    validates, checkpoints, ends the warm-up or is the last reads its own at once."""
     engine, wrapped, total_steps, start, resumed = (setup.engine, setup.wrapped, setup.total_steps, setup.start,
                                                     setup.resumed)
     accumulation = trial.train.gradient_accumulation_steps
@@ -289,7 +301,7 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     val_loss: float | None = resumed.val_loss if resumed else None
     prior_tokens = resumed.tokens if resumed else 0
     recomputed = checkpointed_count(trial.train.activation_checkpointing, len(decoder_layers(setup.model)))
-    quiet: tuple[int, PendingLoss] | None = None  # a step that reports nothing: its loss is read a step later
+    deferred: DeferredStep | None = None  # the previous step, read once this one is queued
 
     def settled(step: int, loss: PendingLoss) -> float:
         """Step ``step``'s loss, once its kernels are done: checked finite, the first kept, the clock told."""
@@ -302,6 +314,12 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
         first_loss = value if first_loss is None else first_loss
         return value
 
+    def progress(step: int, lr: float) -> dict[str, Any]:
+        """The report of step ``step``, from the losses and confidence last read."""
+        return {"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
+                "train_loss_plain": plain_loss, "confidence": confidence, "lr": lr, "tokens_per_s": clock.rate(),
+                "resumed_from_step": start}
+
     with setup.attention.context(), recomputed_layers(setup.model, recomputed), \
             compiled_decoder_layers(setup.model, compile_wanted(trial.train.compile, device)):
         for step in range(start + 1, total_steps + 1):
@@ -309,26 +327,33 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
             clock.tokens += sum(int(batch["attention_mask"].sum()) for batch in micro_batches)
             loss = PendingLoss(optimizer_step(engine, micro_batches, device, world_size), accumulation, world_size)
             plain_summed = wrapped.take_plain_loss()
-            if quiet is not None:  # the previous step's loss, read now that this step is queued behind it
-                step_loss = settled(*quiet)
+            if deferred is not None:  # the previous step, read now that this step is queued behind it
+                step_loss = settled(deferred.step, deferred.loss)
+                if deferred.plain is not None:
+                    plain_loss, confidence = deferred.plain.value(), deferred.confidence.value()
+                    report(progress(deferred.step, deferred.lr))
             die_if_due(step, rank, trial.results_dir, trial.run_name, trial.trial_id)
             every = trial.train.val_every
             validate = setup.held_out and (step == total_steps or (every and step % every == 0))
             save = report_checkpoint is not None and schedule.due(step)
-            quiet = None if validate or save or step % trial.train.log_every == 0 or step == total_steps \
-                else (step, loss)
-            if quiet is not None:
+            at_once = validate or save or step == total_steps
+            logged = at_once or step % trial.train.log_every == 0
+            if not (at_once or step - start == clock.warmup_steps):
+                deferred = DeferredStep(step, loss, engine.get_lr()[0])
+                if logged:  # copied behind this step's kernels, read with its loss
+                    deferred.plain = PendingLoss(plain_summed.to(device), accumulation, world_size)
+                    deferred.confidence = PendingLoss(wrapped.last_confidence, 1, 1)
                 continue
+            deferred = None
             step_loss = settled(step, loss)
+            if not logged:  # the warm-up's last step, read at once: the steady rate starts at its end
+                continue
             confidence = float(wrapped.last_confidence)  # of this training batch: validation overwrites it
             if validate:
                 val_loss = validation_loss(engine, setup.held_out, trial.train.micro_batch_size,
                                            setup.tokenizer.pad_token_id, device, setup.pad_to)
-            plain_loss = global_mean_loss(plain_summed.to(device), accumulation, world_size)  # reporting steps
-            metrics = {"phase": "train", "step": step, "total_steps": total_steps, "train_loss": step_loss,
-                       "train_loss_plain": plain_loss, "confidence": confidence, "lr": engine.get_lr()[0],
-                       "tokens_per_s": clock.rate(), "resumed_from_step": start,
-                       **({"val_loss": val_loss} if validate else {})}
+            plain_loss = global_mean_loss(plain_summed.to(device), accumulation, world_size)
+            metrics = {**progress(step, engine.get_lr()[0]), **({"val_loss": val_loss} if validate else {})}
             if not save:
                 report(metrics)
                 continue

@@ -18,7 +18,8 @@ RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",
            MEASUREMENTS / "2026-11-27-must6-h200x2" / "sft_throughput_h200x2.json",
            MEASUREMENTS / "2026-11-27-must6-h200x2" / "8b_at_h100_memory_h200x2.json",
            MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "one_gpu_alpaca_h200.json",
-           MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "8b_one_gpu_h200.json")
+           MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "8b_one_gpu_h200.json",
+           MEASUREMENTS / "2026-11-27-fsdp2-accumulation" / "fsdp2_accumulation_h200x2.json")
 SHAPES = {"1b": model_shape(REGISTRY["llama-3.2-1b"]), "8b": model_shape(REGISTRY["llama-3.1-8b"])}
 H100, H200 = 79.6 * GIB, 139.8 * GIB
 
@@ -57,6 +58,7 @@ def test_records_cover_every_stage_and_recompute():
     fsdp2 = [r for r in measured if r.get("engine") == "fsdp2"]
     assert {(r["shape"], r["gpus"]) for r in fsdp2} == {("1b", 1), ("1b", 2), ("8b", 1), ("8b", 2)}
     assert {r["micro_batch"] for r in fsdp2} == {1, 2, 4} and any(r["recomputed_layers"] for r in fsdp2)
+    assert {(1, False), (2, True)} <= {(r["gpus"], r["recomputed_layers"] > 0) for r in fsdp2 if r["accumulation"] > 1}
 
 
 def test_cheapest_layouts():

@@ -65,6 +65,20 @@ def test_quiet_steps_read_late_give_the_losses_read_at_once(tiny_llama_config, d
         assert quiet[key] == every[key], key
 
 
+def test_log_steps_reported_a_step_late_report_what_steps_read_at_once_report(tiny_llama_config, data_dir, tmp_path,
+                                                                              one_rank_process_group):
+    # without checkpoints steps 2-4 are reported after the next step is queued (1 ends the warm-up, 5 is the last);
+    # a checkpoint every step reads each step at once
+    trial = _trial(tiny_llama_config, data_dir, tmp_path, max_steps=5, log_every=1, checkpoint_every_steps=1)
+    late, at_once = [], []
+    run_trial(trial, torch.device("cpu"), 0, 1, late.append, writers=store.trial_writers())
+    run_trial(trial, torch.device("cpu"), 0, 1, at_once.append, lambda metrics, _: at_once.append(metrics),
+              writers=store.trial_writers())
+    keys = ("step", "train_loss", "train_loss_plain", "confidence", "lr")
+    late, at_once = ([tuple(r[k] for k in keys) for r in reports if r["phase"] == "train"] for reports in (late, at_once))
+    assert [r[0] for r in late] == [1, 2, 3, 4, 5] and late == at_once
+
+
 def test_a_loss_that_turns_non_finite_on_a_quiet_step_stops_the_trial_naming_it(tiny_llama_config, data_dir,
                                                                                 tmp_path, one_rank_process_group):
     # a learning rate of 1e30 (Adam's step ~ lr): step 1's loss is finite, step 2's forward overflows
