@@ -14,14 +14,16 @@ as many at once as there are GPUs. While a sweep runs, ``nvidia-smi`` (when pres
 (percent of time a kernel ran) of each GPU ``CUDA_VISIBLE_DEVICES`` names (all without it) every 200 ms. Reports
 per path:
 - busy: the mean sampled utilisation over the GPUs (and per GPU), from the first trial's start to the last
-  trial's end;
+  trial's end; and from the end of the last GPU's first trial on (the warm trials alone);
 - the trials' steady tokens/s and compile warm-up (the store's ``tokens_per_s_steady``, ``wall_warmup_s``) and
   layout (stage, micro-batch, accumulation), to set beside ``bench_sft_throughput.py``'s row of the same layout;
 - per trial (``sweeps.overhead``, from the store's timestamps and the worker's wall times): overhead (time outside
   the trial's own load, training and scoring) and idle (overhead plus loading: previous trial's last scored
   question to this trial's first optimiser step), as means over the trials that follow another on their GPU;
 - train and scoring seconds per trial.
-Prints a table and writes JSON.
+Prints a table, writes JSON and, with samples, a plot of each GPU's utilisation over the sweep with the trials'
+spans (the JSON's name, .png). ``--summarise WORK`` reads a finished run's folder (its stores and samples) again
+instead of running.
 """
 
 from __future__ import annotations
@@ -114,12 +116,17 @@ def summarise(results: Path, samples: list[tuple[float, int, float]]) -> dict:
     ends = [r["finished_at"].timestamp() for r in rows]
     window = [s for s in samples if min(starts) <= s[0] <= max(ends)]
     ok = [r for r in rows if r["status"] == "ok"]
+    overheads = overhead.trial_overheads(rows)
+    by_id = {r["trial_id"]: r for r in rows}
+    firsts_end = max(by_id[o.trial_id]["finished_at"].timestamp() for o in overheads if o.gap_s is None)
+    warm = [s for s in window if s[0] > firsts_end]
     return {
         "trials": len(rows), "ok": len(ok), "sweep_s": max(ends) - min(starts),
         "gpus": sorted({s[1] for s in samples}),
         "busy_fraction": mean(s[2] for s in window) / 100 if window else None,
         "busy_fraction_by_gpu": {gpu: mean(s[2] for s in window if s[1] == gpu) / 100
                                  for gpu in sorted({s[1] for s in window})},
+        "busy_fraction_after_first": mean(s[2] for s in warm) / 100 if warm else None,
         "tokens_per_s_steady_median": _median(ok, "tokens_per_s_steady"),
         "warmup_s_median": _median(ok, "wall_warmup_s"),
         "warmup_s_max": max((r["wall_warmup_s"] for r in ok if r.get("wall_warmup_s") is not None), default=None),
@@ -129,8 +136,46 @@ def summarise(results: Path, samples: list[tuple[float, int, float]]) -> dict:
         "train_s_median": median(r["wall_train_s"] for r in ok) if ok else None,
         "eval_s_median": median(r["wall_eval_s"] for r in ok) if ok else None,
         "load_s_median": median(r["wall_load_s"] for r in ok) if ok else None,
-        "overhead": overhead.summary(overhead.trial_overheads(rows)),
+        "overhead": overhead.summary(overheads),
     }
+
+
+def plot_timeline(works: dict[str, Path], path: Path) -> bool:
+    """One panel per run folder of ``works`` (path name -> folder): each GPU's sampled utilisation over the sweep,
+    the trials' spans shaded by turns; written to ``path`` (PNG). False (nothing written) without samples."""
+    from sweeps import store
+
+    runs = {}
+    for name, work in works.items():
+        samples = read_samples(work / "gpu_samples.csv") if (work / "gpu_samples.csv").is_file() else []
+        if samples and (work / "results" / "trials").is_dir():
+            runs[name] = (samples, store.read_trials(str(work / "results"), RUN).to_pylist())
+    if not runs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.6 * len(runs)), squeeze=False)
+    for ax, (name, (samples, rows)) in zip(axes[:, 0], runs.items()):
+        start = min(r["started_at"].timestamp() for r in rows)
+        for i, row in enumerate(sorted(rows, key=lambda r: r["started_at"])):
+            ax.axvspan(row["started_at"].timestamp() - start, row["finished_at"].timestamp() - start,
+                       color=("tab:blue", "tab:orange")[i % 2], alpha=0.08, lw=0)
+        for gpu in sorted({g for _, g, _ in samples}):
+            points = [(t - start, u) for t, g, u in samples if g == gpu]
+            ax.plot(*zip(*points), lw=0.6, label=f"GPU {gpu}")
+        summary = summarise(works[name] / "results", samples)
+        ax.set(xlim=(-5, summary["sweep_s"] + 5), ylim=(0, 105), ylabel="utilisation %",
+               title=f"{name}: {summary['ok']} trials, GPU busy {100 * summary['busy_fraction']:.1f}% "
+                     f"(after the first trials {100 * (summary['busy_fraction_after_first'] or 0):.1f}%)")
+        ax.legend(loc="lower right", fontsize=7)
+    axes[-1, 0].set_xlabel("seconds from the first trial's start (shaded: one trial each)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def _median(rows: list[dict], key: str) -> float | None:
@@ -176,6 +221,7 @@ def table(result: dict) -> str:
              f"{'':<40}" + "".join(f"{p:>14}" for p in paths)]
     rows = [("trials ok", lambda r: f"{r['ok']}/{r['trials']}"),
             ("GPU busy (mean utilisation)", lambda r: cell(r["busy_fraction"], 100, "%")),
+            ("GPU busy after the first trials", lambda r: cell(r.get("busy_fraction_after_first"), 100, "%")),
             ("GPU busy, each GPU", lambda r: " ".join(f"{100 * v:.0f}%" for v in r["busy_fraction_by_gpu"].values())
              or "-"),
             ("overhead per trial, mean / max", lambda r: f"{cell(r['overhead']['overhead_s_mean'])} / "
@@ -209,17 +255,29 @@ def main() -> None:
                         help="train.engine of the trials (auto: one-GPU trials on FSDP2 on GPUs, DeepSpeed on the CPU; "
                              "deepspeed: ZeRO-0; fsdp2: FSDP2 everywhere)")
     parser.add_argument("--out", default="gpu_utilization.json")
+    parser.add_argument("--summarise", default=None, metavar="WORK",
+                        help="run nothing: summarise the finished run in WORK (its --work) again, keeping the device, "
+                             "date and exit codes of the JSON at --out, and plot it")
     args = parser.parse_args()
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     if not paths or set(paths) - {"warm", "cold"}:
         parser.error(f"--paths: expected warm and/or cold, got {args.paths!r}")
-    work = Path(args.work).resolve()
-    result = {"date": time.strftime("%Y-%m-%d"), "device": _device(), "shape": args.shape, "trials": args.trials,
-              "steps": args.steps, "eval_limit": args.eval_limit, "engine": args.engine, "paths": {}}
-    for path in paths:
-        print(f"[sweep_gpu_utilization] {path} sweep", flush=True)
-        result["paths"][path] = run_path(args, work / path, warm=path == "warm")
-        Path(args.out).write_text(json.dumps(result, indent=1, default=str))  # what has run so far
+    work = Path(args.summarise or args.work).resolve()
+    if args.summarise:  # the run's JSON, its summaries made again from its folder
+        result = json.loads(Path(args.out).read_text())
+        for path in paths:
+            result["paths"][path] = {"launch_exit_code": result["paths"][path]["launch_exit_code"],
+                                     **summarise(work / path / "results",
+                                                 read_samples(work / path / "gpu_samples.csv"))}
+    else:
+        result = {"date": time.strftime("%Y-%m-%d"), "device": _device(), "shape": args.shape, "trials": args.trials,
+                  "steps": args.steps, "eval_limit": args.eval_limit, "engine": args.engine, "paths": {}}
+        for path in paths:
+            print(f"[sweep_gpu_utilization] {path} sweep", flush=True)
+            result["paths"][path] = run_path(args, work / path, warm=path == "warm")
+            Path(args.out).write_text(json.dumps(result, indent=1, default=str))  # what has run so far
+    Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    plot_timeline({path: work / path for path in paths}, Path(args.out).with_suffix(".png"))
     print("\n" + table(result))
     failed = {p: r["launch_exit_code"] for p, r in result["paths"].items() if r["launch_exit_code"] != 0}
     if failed:

@@ -36,10 +36,33 @@ def test_busy_fraction_first_step_and_slot_gaps(tmp_path):
     result = bench.summarise(tmp_path, samples)
     assert result["trials"] == 4 and result["sweep_s"] == pytest.approx(105)
     assert result["busy_fraction"] == pytest.approx(0.8 * 20 / 22)
+    # after b, the later of the slots' first trials, ends at 51: 9 of 11 samples per GPU at 80%
+    assert result["busy_fraction_after_first"] == pytest.approx(0.8 * 9 / 11)
     # c and d follow a and b: gaps 3 and 4 s; each trial's 50 s span holds 43 s of load, train and scoring
     assert result["overhead"]["overhead_s_mean"] == pytest.approx((10 + 11) / 2)
     assert result["overhead"]["idle_s_max"] == pytest.approx(11 + 8)
     assert result["load_s_median"] == 8.0 and result["train_s_median"] == 30.0
+
+
+def test_summarises_a_finished_run_again_and_plots_it(tmp_path):
+    # a run's folder (its store and nvidia-smi's lines) and the JSON it wrote: summarised again, the JSON's device and
+    # exit code kept, the new figures added, a PNG beside it
+    warm = tmp_path / "work" / "warm"
+    for trial_id, start, end in [("a", 0, 50), ("c", 53, 103)]:
+        store.write_trial(str(warm / "results"), _row(trial_id, start, end))
+    warm.joinpath("gpu_samples.csv").write_text("".join(
+        f"{(T0 + dt.timedelta(seconds=s)).astimezone().strftime('%Y/%m/%d %H:%M:%S')}.000, 0, {0 if s < 5 else 90}\n"
+        for s in range(0, 104, 2)))
+    out = tmp_path / "run.json"
+    out.write_text(json.dumps({"device": "2 x NVIDIA H200", "date": "2026-11-27", "shape": "1b", "trials": 2,
+                               "steps": 200, "paths": {"warm": {"launch_exit_code": 0, "busy_fraction": None}}}))
+    subprocess.run([sys.executable, str(Path(bench.__file__)), "--paths", "warm", "--summarise",
+                    str(tmp_path / "work"), "--out", str(out)], check=True, capture_output=True, text=True)
+    result = json.loads(out.read_text())
+    assert result["device"] == "2 x NVIDIA H200" and result["paths"]["warm"]["launch_exit_code"] == 0
+    assert result["paths"]["warm"]["busy_fraction"] == pytest.approx(0.9 * 49 / 52)
+    assert result["paths"]["warm"]["busy_fraction_after_first"] == pytest.approx(0.9)
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_reads_nvidia_smi_lines(tmp_path):
