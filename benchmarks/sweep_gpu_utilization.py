@@ -140,9 +140,9 @@ def summarise(results: Path, samples: list[tuple[float, int, float]]) -> dict:
     }
 
 
-def plot_timeline(works: dict[str, Path], path: Path) -> bool:
+def plot_timeline(works: dict[str, Path], path: Path) -> None:
     """One panel per run folder of ``works`` (path name -> folder): each GPU's sampled utilisation over the sweep,
-    the trials' spans shaded by turns; written to ``path`` (PNG). False (nothing written) without samples."""
+    the trials' spans shaded by turns; written to ``path`` (PNG), nothing without samples."""
     from sweeps import store
 
     runs = {}
@@ -151,7 +151,7 @@ def plot_timeline(works: dict[str, Path], path: Path) -> bool:
         if samples and (work / "results" / "trials").is_dir():
             runs[name] = (samples, store.read_trials(str(work / "results"), RUN).to_pylist())
     if not runs:
-        return False
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,7 +175,6 @@ def plot_timeline(works: dict[str, Path], path: Path) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True
 
 
 def _median(rows: list[dict], key: str) -> float | None:

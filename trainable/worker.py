@@ -259,7 +259,7 @@ def _total_steps(trial: TrialConfig, examples: list[dict], pack_width: int | Non
 @dataclass
 class DeferredStep:
     """A queued step whose loss is read after the next step is queued: its loss, its learning rate, and for a log
-    step the plain loss and confidence to report (rank-local), copied behind its kernels."""
+    step what it reports besides, copied behind its kernels: the plain loss (over the ranks), this rank's confidence."""
 
     step: int
     loss: PendingLoss
