@@ -140,9 +140,10 @@ def summarise(results: Path, samples: list[tuple[float, int, float]]) -> dict:
     }
 
 
-def plot_timeline(works: dict[str, Path], path: Path) -> None:
+def plot_timeline(works: dict[str, Path], summaries: dict[str, dict], path: Path) -> None:
     """One panel per run folder of ``works`` (path name -> folder): each GPU's sampled utilisation over the sweep,
-    the trials' spans shaded by turns; written to ``path`` (PNG), nothing without samples."""
+    the trials' spans shaded by turns, titled with the path's figures from ``summaries`` (``summarise``'s); written
+    to ``path`` (PNG), nothing without samples."""
     from sweeps import store
 
     runs = {}
@@ -166,7 +167,7 @@ def plot_timeline(works: dict[str, Path], path: Path) -> None:
         for gpu in sorted({g for _, g, _ in samples}):
             points = [(t - start, u) for t, g, u in samples if g == gpu]
             ax.plot(*zip(*points), lw=0.6, label=f"GPU {gpu}")
-        summary = summarise(works[name] / "results", samples)
+        summary = summaries[name]
         ax.set(xlim=(-5, summary["sweep_s"] + 5), ylim=(0, 105), ylabel="utilisation %",
                title=f"{name}: {summary['ok']} trials, GPU busy {100 * summary['busy_fraction']:.1f}% "
                      f"(after the first trials {100 * (summary['busy_fraction_after_first'] or 0):.1f}%)")
@@ -276,7 +277,7 @@ def main() -> None:
             result["paths"][path] = run_path(args, work / path, warm=path == "warm")
             Path(args.out).write_text(json.dumps(result, indent=1, default=str))  # what has run so far
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
-    plot_timeline({path: work / path for path in paths}, Path(args.out).with_suffix(".png"))
+    plot_timeline({path: work / path for path in paths}, result["paths"], Path(args.out).with_suffix(".png"))
     print("\n" + table(result))
     failed = {p: r["launch_exit_code"] for p, r in result["paths"].items() if r["launch_exit_code"] != 0}
     if failed:
