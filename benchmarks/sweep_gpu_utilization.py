@@ -20,7 +20,9 @@ per path:
 - per trial (``sweeps.overhead``, from the store's timestamps and the worker's wall times): overhead (time outside
   the trial's own load, training and scoring) and idle (overhead plus loading: previous trial's last scored
   question to this trial's first optimiser step), as means over the trials that follow another on their GPU;
-- train and scoring seconds per trial.
+- train and scoring seconds per trial;
+- memory (``trainable.trial_memory``): each trial's host RSS in start order (a warm actor's growth shows there),
+  the largest GPU peak, and the largest peak over the layout model's prediction for that trial.
 Prints a table, writes JSON and, with samples, a plot of each GPU's utilisation over the sweep with the trials'
 spans (the JSON's name, .png). ``--summarise WORK`` reads a finished run's folder (its stores and samples) again
 instead of running.
@@ -137,7 +139,20 @@ def summarise(results: Path, samples: list[tuple[float, int, float]]) -> dict:
         "eval_s_median": median(r["wall_eval_s"] for r in ok) if ok else None,
         "load_s_median": median(r["wall_load_s"] for r in ok) if ok else None,
         "overhead": overhead.summary(overheads),
+        **memory(ok),
     }
+
+
+def memory(ok: list[dict]) -> dict:
+    """The trials' memory columns (``trainable.trial_memory``): each trial's host RSS in start order (a warm
+    actor's growth), the largest GPU peak and the largest peak over its layout's predicted one."""
+    ordered = sorted(ok, key=lambda r: r["started_at"])
+    peaks = [r["gpu_peak_gib"] for r in ok if r.get("gpu_peak_gib") is not None]
+    ratios = [r["gpu_peak_gib"] / r["gpu_peak_predicted_gib"] for r in ok
+              if r.get("gpu_peak_gib") is not None and r.get("gpu_peak_predicted_gib")]
+    return {"host_rss_gib_by_trial": [r.get("host_rss_gib") for r in ordered],
+            "gpu_peak_gib_max": max(peaks, default=None),
+            "gpu_peak_over_predicted_max": max(ratios, default=None)}
 
 
 def plot_timeline(works: dict[str, Path], summaries: dict[str, dict], path: Path) -> None:
@@ -234,6 +249,10 @@ def table(result: dict) -> str:
                                                        f"{cell(r.get('warmup_s_max'))}"),
             ("load / train / scoring, median", lambda r: f"{cell(r['load_s_median'])} / {cell(r['train_s_median'])}"
                                                         f" / {cell(r['eval_s_median'])}"),
+            ("host RSS, first / last trial", lambda r: " / ".join(
+                cell(r.get("host_rss_gib_by_trial", [None])[i], 1, " GiB") for i in (0, -1))),
+            ("GPU peak max, / predicted", lambda r: f"{cell(r.get('gpu_peak_gib_max'), 1, ' GiB')}, "
+                                                   f"{cell(r.get('gpu_peak_over_predicted_max'), 1, 'x')}"),
             ("sweep (first start to last end)", lambda r: cell(r["sweep_s"]))]
     for label, value in rows:
         lines.append(f"{label:<40}" + "".join(f"{value(result['paths'][p]):>14}" for p in paths))

@@ -55,6 +55,10 @@ class TrialResult:
     micro_batch_size: int | None  # per rank
     gradient_accumulation_steps: int | None
     activation_checkpointing: int | None  # decoder layers recomputed in the backward (0: none; the layout's choice)
+    # memory (trainable.trial_memory), of rank 0
+    gpu_peak_gib: float | None  # peak of PyTorch's allocator while training; None on the CPU
+    gpu_peak_predicted_gib: float | None  # trainable.layout.peak_bytes of the layout that ran; None off CUDA, non-bf16
+    host_rss_gib: float | None  # the process's resident set at the trial's end (a warm actor's grows if trials leak)
     # wall times (seconds)
     wall_load_s: float | None
     wall_train_s: float | None

@@ -44,6 +44,7 @@ from trainable.sequence_packing import iterate_packed_batches, pack_wanted, pack
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 from trainable.step_accounting import PendingLoss, StepClock, global_mean_loss, optimizer_step, warmup_step_count
 from trainable.throughput import model_flops_utilization, training_flops_per_token
+from trainable import trial_memory
 
 
 class NonFiniteLossError(RuntimeError):
@@ -136,6 +137,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     if resume_from is not None and (resume_from / checkpointing.FINAL_FILE).is_file():
         return _report_finished(trial, resume_from, rank, report, writers)
     started = time.time()
+    trial_memory.reset_gpu_peak(device)
     setup = set_up(trial, device, rank, world_size, resume_from)
     try:
         trained = train(trial, setup, device, rank, world_size, report, report_checkpoint)
@@ -143,7 +145,8 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                                 gather_for(setup.engine)) \
             if trial.train.save_model else None
         scored = score(trial, setup, device, rank, world_size, writers)
-        result = trial_result(setup, trained, scored, device, world_size, model_path, time.time() - started)
+        result = trial_result(trial, setup, trained, scored, device, world_size, model_path,
+                              time.time() - started)
     finally:  # ZeRO's gradient hooks live in autograd's C++ nodes: until removed, the engine outlives the trial
         # (FSDP2's engine frees its optimizer states)
         setup.engine.destroy()
@@ -280,6 +283,7 @@ class Training:
     prior_tokens: int  # this rank's tokens before a resumed attempt
     clock: StepClock  # this attempt's tokens and times (stopped)
     recomputed: int  # decoder layers that recomputed their activations (train.activation_checkpointing)
+    gpu_peak_gib: float | None  # this rank's allocator peak from the trial's start to the last step (trial_memory)
 
 
 def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int, world_size: int, report: Report,
@@ -364,7 +368,8 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
                                    wrapped.head.plan_history)
                 report_checkpoint(metrics, Path(directory))
     clock.stop()
-    return Training(step_loss, plain_loss, first_loss, confidence, val_loss, prior_tokens, clock, recomputed)
+    return Training(step_loss, plain_loss, first_loss, confidence, val_loss, prior_tokens, clock, recomputed,
+                    trial_memory.gpu_peak_gib(device))
 
 
 @dataclass
@@ -414,8 +419,8 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     return Scores(result.summary, result.records, entropy, time.time() - started)
 
 
-def trial_result(setup: TrialSetup, trained: Training, scored: Scores, device: torch.device, world_size: int,
-                 model_path: str | None, total_s: float) -> TrialResult:
+def trial_result(trial: TrialConfig, setup: TrialSetup, trained: Training, scored: Scores, device: torch.device,
+                 world_size: int, model_path: str | None, total_s: float) -> TrialResult:
     """The phases' measurements as one ``TrialResult``; throughput counts every rank's tokens."""
     clock, facts, engine = trained.clock, setup.facts, setup.engine
     train_s = clock.stopped - clock.started
@@ -433,7 +438,11 @@ def trial_result(setup: TrialSetup, trained: Training, scored: Scores, device: t
         device=str(device.type), world_size=world_size,
         zero_stage=engine.zero_optimization_stage(), micro_batch_size=engine.train_micro_batch_size_per_gpu(),
         gradient_accumulation_steps=engine.gradient_accumulation_steps(),
-        activation_checkpointing=trained.recomputed,
+        activation_checkpointing=trained.recomputed, gpu_peak_gib=trained.gpu_peak_gib,
+        gpu_peak_predicted_gib=trial_memory.predicted_peak_gib(
+            setup.model.config, facts["n_params"], trial.train, trial_engine(engine), engine.zero_optimization_stage(),
+            world_size, setup.row_width, trained.recomputed, setup.precision, device),
+        host_rss_gib=trial_memory.host_rss_gib(),
         wall_load_s=setup.load_s, wall_train_s=train_s, wall_eval_s=scored.eval_s, wall_total_s=total_s,
         model_path=model_path, node_id=ray_node_id(), **compile_cache_counts(),
         task_metrics=flat_metrics(scored.summary), entropy=scored.entropy)

@@ -44,6 +44,20 @@ def test_busy_fraction_first_step_and_slot_gaps(tmp_path):
     assert result["load_s_median"] == 8.0 and result["train_s_median"] == 30.0
 
 
+def test_memory_figures_in_start_order_and_against_the_prediction(tmp_path):
+    memory = {"b": (2.5, 20.0, 21.0), "a": (2.0, 22.0, 20.0), "c": (3.0, 19.0, None)}  # RSS, GPU peak, predicted
+    for trial_id, start in (("b", 60), ("a", 0), ("c", 120)):
+        rss, peak, predicted = memory[trial_id]
+        store.write_trial(str(tmp_path), {**_row(trial_id, start, start + 50), "host_rss_gib": rss,
+                                          "gpu_peak_gib": peak, "gpu_peak_predicted_gib": predicted})
+    store.write_trial(str(tmp_path), {**_row("failed", 200, 210), "status": "failed", "gpu_peak_gib": 99.0})
+    result = bench.summarise(tmp_path, [])
+    assert result["host_rss_gib_by_trial"] == [2.0, 2.5, 3.0]  # a, b, c: the failed trial's row is not counted
+    assert result["gpu_peak_gib_max"] == 22.0 and result["gpu_peak_over_predicted_max"] == pytest.approx(1.1)
+    assert "2.0 GiB / 3.0 GiB" in bench.table({"device": "cpu", "shape": "tiny", "trials": 3, "steps": 1,
+                                               "paths": {"warm": result}})
+
+
 def test_summarises_a_finished_run_again_and_plots_it(tmp_path):
     # a run's folder (its store and nvidia-smi's lines) and the JSON it wrote: summarised again, the JSON's device and
     # exit code kept, the new figures added, a PNG beside it
@@ -96,6 +110,8 @@ def test_runs_warm_and_cold_sweeps_on_the_cpu(tmp_path, data_dir):
         assert figures["launch_exit_code"] == 0 and figures["ok"] == figures["trials"] == 2
         assert figures["busy_fraction"] is None and figures["overhead"]["slots"] == 1
         assert figures["overhead"]["overhead_s_mean"] > 0
+        assert len(figures["host_rss_gib_by_trial"]) == 2 and min(figures["host_rss_gib_by_trial"]) > 0.2
+        assert figures["gpu_peak_gib_max"] is None  # no GPU
     assert "overhead per trial, mean / max" in run.stdout and "GPU busy" in run.stdout
 
 

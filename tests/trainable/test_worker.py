@@ -181,6 +181,8 @@ def test_every_field_the_worker_computes_reaches_the_stored_row(tiny_llama_confi
     assert (stored["zero_stage"], stored["world_size"], stored["micro_batch_size"],
             stored["gradient_accumulation_steps"], stored["activation_checkpointing"]) == (0, 1, 2, 2, 0)
     assert stored["tokens_per_s_steady"] > 0 and stored["wall_warmup_s"] > 0 and stored["mfu"] is None
+    # memory: the process holds torch and a model (> 0.2 GiB); no GPU peak, nor its prediction, on a CPU
+    assert stored["host_rss_gib"] > 0.2 and stored["gpu_peak_gib"] is None and stored["gpu_peak_predicted_gib"] is None
 
 
 def test_a_finished_trial_leaves_no_engine_behind(tiny_llama_config, data_dir, tmp_path, one_rank_process_group):
