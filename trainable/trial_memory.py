@@ -1,8 +1,8 @@
 """What a trial held in memory: rank 0's GPU peak while training, the layout model's prediction of it, and the
 host process's resident set at the trial's end.
 
-Every GPU trial so checks ``trainable.layout.peak_bytes`` (the store's rows are records like the benchmark's), and
-a warm actor that keeps something of each trial shows as ``host_rss_gib`` growing from trial to trial.
+So every GPU trial checks ``trainable.layout.peak_bytes`` (its row is a record like the benchmark's), and a warm
+actor that keeps something of each trial shows as ``host_rss_gib`` growing from trial to trial.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def predicted_peak_gib(model_config: Any, params: int, train: TrainConfig, engin
                        world_size: int, seq_len: int, checkpointed: int, precision: str,
                        device: torch.device) -> float | None:
     """``trainable.layout.peak_bytes`` of the layout that ran (GiB): the model's shape (``params`` real
-    parameters), the engine's stage,
-    micro-batch, accumulation and recomputed layers, ZeRO's buckets as ``deepspeed_config`` set them. None where
-    the model does not apply: off CUDA, or in another precision than bf16."""
+    parameters), the engine's stage, micro-batch, accumulation and recomputed layers, and ZeRO's buckets as
+    ``deepspeed_config`` set them. None where the model does not apply: off CUDA, or in another precision than
+    bf16."""
     from trainable.deepspeed_setup import deepspeed_config
 
     if device.type != "cuda" or precision != "bf16":
