@@ -34,7 +34,7 @@ from trainable.compiled import compile_wanted, compiled_decoder_layers, decoder_
 from trainable.export import Gather, save_hf_model
 from trainable.config import TrialConfig, engine_for, resolved_stage
 from trainable.fault_injection import die_if_due, oom_if_due
-from trainable import fsdp2_engine, fsdp2_weights, zero3_scoring
+from trainable import fsdp2_engine, fsdp2_weights, trial_memory, zero3_scoring
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.result import TrialResult
 from common.models import ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, resolve_model
@@ -44,7 +44,6 @@ from trainable.sequence_packing import iterate_packed_batches, pack_wanted, pack
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 from trainable.step_accounting import PendingLoss, StepClock, global_mean_loss, optimizer_step, warmup_step_count
 from trainable.throughput import model_flops_utilization, training_flops_per_token
-from trainable import trial_memory
 
 
 class NonFiniteLossError(RuntimeError):
