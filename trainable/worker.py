@@ -186,8 +186,8 @@ class TrialSetup:
 def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
            resume_from: Path | None) -> TrialSetup:
     """Seed, load the model and the SFT data, build the engine (``train.engine``) and this rank's batches, check the
-    attention kernels on the first batch and restore ``resume_from``'s checkpoint (after the check: whatever its probe
-    draws, training goes on with the checkpoint's RNGs)."""
+    attention kernels on the first batch's first row and restore ``resume_from``'s checkpoint (after the check:
+    whatever its probe draws, training goes on with the checkpoint's RNGs)."""
     started = time.time()
     resumed = checkpointing.loop_state(resume_from) if resume_from is not None else None
     start = resumed.step if resumed else 0
@@ -223,7 +223,7 @@ def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
     first_batch = next(batches)
     attention = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
     if trial.train.attention_check:
-        probe = {k: v.to(device) for k, v in first_batch.items()}
+        probe = {k: v[:1].to(device) for k, v in first_batch.items()}  # one row (attention_check: memory)
         key = json.dumps([model.config.to_json_string(), {k: [list(v.shape), str(v.dtype)] for k, v in probe.items()},
                           type(engine).__name__, precision, device.type, device_name(device)])
         attention = choose_attention_once(key, model, lambda: engine.module(**probe))
