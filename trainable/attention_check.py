@@ -9,16 +9,31 @@ sets in turn (SDPA's own choice first) and keeps the first that agrees with the 
     |loss - loss_math| <= LOSS_RTOL * |loss_math| + 1e-3   and   cos(grad, grad_math) >= MIN_COSINE.
 
 Disagreement between correct kernels is rounding (bf16: ~1e-3 relative); a wrong kernel differs by far more.
+
+Memory: the check's forwards recompute every decoder layer in the backward (``recomputed_layers(..., always=True)``),
+so they keep one layer's activations at a time, and the worker checks on one row of the micro-batch (SDPA picks its
+kernel by head size, sequence length, dtype and mask, not by the batch): its peak is the trial's states plus
+``trainable.layout.check_activation_bytes``, below the training step's (``trainable.layout.phase_peaks``).
+
+Several ranks: a candidate's model forward holds collectives (ZeRO-3's and FSDP2's gathers), so a rank whose
+kernel raised mid-forward would leave the others waiting in one. Each rank first runs the candidate alone on the
+attention calls it recorded in the reference forward (``AttentionCalls``, no collective); the candidate's forward
+runs only where it ran on every rank.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
+
+from trainable.compiled import decoder_layers
+from trainable.recompute import recomputed_layers
 
 LOSS_RTOL = 0.02
 MIN_COSINE = 0.99
@@ -71,32 +86,78 @@ def agreement(loss: float, grad: torch.Tensor, ref_loss: float, ref_grad: torch.
     return agrees, f"{'agrees' if agrees else 'differs'}: loss {loss:.4f} vs {ref_loss:.4f}, grad cosine {cosine:.4f}"
 
 
+class AttentionCalls(TorchFunctionMode):
+    """Within the block, records the first ``scaled_dot_product_attention`` call of each kind (shapes, dtypes, mask
+    and flags): inputs detached, so ``first_error`` can rerun them alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[tuple, tuple[tuple, dict[str, Any]]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            key = tuple(_signature(value) for value in args) + tuple(
+                (name, _signature(value)) for name, value in sorted(kwargs.items()))
+            self.calls.setdefault(key, (tuple(_detached(value) for value in args),
+                                        {name: _detached(value) for name, value in kwargs.items()}))
+        return func(*args, **kwargs)
+
+    def first_error(self, backends: Sequence[SDPBackend] | None) -> str | None:
+        """The first line of the error a recorded call raises under ``backends`` (forward and backward), or None."""
+        try:
+            with torch.enable_grad(), kernels(backends):
+                for args, kwargs in self.calls.values():
+                    q, k, v = (t.clone().requires_grad_(t.is_floating_point()) for t in args[:3])
+                    out = F.scaled_dot_product_attention(q, k, v, *args[3:], **kwargs)
+                    torch.autograd.grad(out.float().sum(), (q, k, v))
+        except RuntimeError as error:  # e.g. no kernel of the set supports this shape or device
+            return str(error).splitlines()[0]
+        return None
+
+
+def _signature(value: Any) -> Any:
+    return (tuple(value.shape), value.dtype, value.device.type) if isinstance(value, torch.Tensor) else value
+
+
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) else value
+
+
 def choose_attention(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor],
                      candidates: Sequence[tuple[str, tuple[SDPBackend, ...] | None]] = CANDIDATES
                      ) -> AttentionChoice:
     """The first candidate whose loss and input gradient agree with the math kernel's (math itself if none).
 
     ``model`` is the Hugging Face model (its input embedding is hooked); ``loss_fn()`` runs one forward of a fixed
-    batch and returns the scalar loss. The model is in eval mode during the check and restored afterwards. With
-    torch.distributed initialised a candidate is kept only if it agrees on every rank, so all ranks run the same
-    forwards (as ZeRO-3's gathers need) and train with the same kernels.
+    batch and returns the scalar loss. The model is in eval mode during the check and restored afterwards; every
+    decoder layer recomputes its activations in the check's backward. With torch.distributed initialised a
+    candidate runs its forward only if it ran alone on every rank's recorded attention calls, and is kept only if it
+    agrees on every rank, so all ranks run the same forwards (as ZeRO-3's gathers need) and train with the same
+    kernels.
     """
     was_training = model.training
     model.eval()
     embedding = model.get_input_embeddings()
     report: dict[str, str] = {}
     try:
-        ref_loss, ref_grad = loss_and_input_grad(loss_fn, embedding, MATH)
-        for name, backends in candidates:
-            if backends == MATH:
-                break
-            try:
-                loss, grad = loss_and_input_grad(loss_fn, embedding, backends)
-                agrees, report[name] = agreement(loss, grad, ref_loss, ref_grad)
-            except RuntimeError as error:  # e.g. no kernel of the set supports this shape or device
-                agrees, report[name] = False, f"fails: {str(error).splitlines()[0]}"
-            if _on_every_rank(agrees, ref_grad.device):
-                return AttentionChoice(name, backends, report)
+        with recomputed_layers(model, len(decoder_layers(model)), always=True):
+            with AttentionCalls() as calls:
+                ref_loss, ref_grad = loss_and_input_grad(loss_fn, embedding, MATH)
+            for name, backends in candidates:
+                if backends == MATH:
+                    break
+                error = calls.first_error(backends)
+                if not _on_every_rank(error is None, ref_grad.device):
+                    report[name] = f"fails: {error}" if error else "fails on another rank"
+                    continue
+                try:
+                    loss, grad = loss_and_input_grad(loss_fn, embedding, backends)
+                    agrees, report[name] = agreement(loss, grad, ref_loss, ref_grad)
+                except RuntimeError as error:  # one rank alone: nothing waits on it
+                    agrees, report[name] = False, f"fails: {str(error).splitlines()[0]}"
+                if _on_every_rank(agrees, ref_grad.device):
+                    return AttentionChoice(name, backends, report)
     finally:
         model.train(was_training)
     report["math"] = "reference"

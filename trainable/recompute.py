@@ -28,12 +28,13 @@ def checkpointed_count(setting: bool | int | str, layers: int) -> int:
 
 
 @contextlib.contextmanager
-def recomputed_layers(model: nn.Module, count: int) -> Iterator[int]:
+def recomputed_layers(model: nn.Module, count: int, always: bool = False) -> Iterator[int]:
     """Within the block the first ``count`` decoder layers recompute their activations in the backward (while
-    training); yields how many; the plain forwards are back afterwards."""
+    training, or with ``always`` in eval mode too: any forward under grad); yields how many; the plain forwards
+    are back afterwards."""
     layers = decoder_layers(model)[:count]
     for layer in layers:
-        layer.forward = _checkpointed(layer, layer.forward)
+        layer.forward = _checkpointed(layer, layer.forward, always)
     try:
         yield len(layers)
     finally:
@@ -41,10 +42,10 @@ def recomputed_layers(model: nn.Module, count: int) -> Iterator[int]:
             del layer.forward
 
 
-def _checkpointed(layer: nn.Module, forward):
+def _checkpointed(layer: nn.Module, forward, always: bool):
     @functools.wraps(forward)
     def run(*args, **kwargs):
-        if not (layer.training and torch.is_grad_enabled()):
+        if not ((always or layer.training) and torch.is_grad_enabled()):
             return forward(*args, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
     return run

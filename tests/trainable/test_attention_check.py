@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from trainable.attention_check import MATH, agreement, choose_attention, choose_attention_once, loss_and_input_grad
+from trainable.attention_check import (MATH, AttentionCalls, agreement, choose_attention, choose_attention_once,
+                                       loss_and_input_grad)
+from trainable.compiled import decoder_layers
 from trainable.lm_head import CausalLMWithFusedLoss
 from common.models import load_model, load_tokenizer, resolve_model
 from trainable.sft_data import build_sft_examples, collate
 from trainable.config import SFTConfig, TrialConfig
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +93,94 @@ def test_agreement_tolerates_rounding_and_rejects_a_wrong_kernel():
     assert agreement(2.2450, g + noise, 2.2437, g)[0]  # bf16-size differences
     assert not agreement(5.19, g, 2.24, g)[0]  # the loss of a forward that sees the wrong tokens
     assert not agreement(2.24, torch.randn(1000, generator=torch.Generator().manual_seed(2)), 2.24, g)[0]
+
+
+def test_a_candidate_that_fails_on_the_recorded_calls_runs_no_model_forward(wrapped_and_batch):
+    """cuDNN has no CPU kernel: the recorded attention calls show it before any forward of the model runs with it."""
+    wrapped, batch = wrapped_and_batch
+    forwards = []
+
+    def loss():
+        forwards.append(1)
+        return wrapped(**batch)
+
+    candidates = (("cudnn_only", (SDPBackend.CUDNN_ATTENTION,)), ("default", None))
+    choice = choose_attention(wrapped.model, loss, candidates)
+    assert choice.name == "default" and choice.report["cudnn_only"].startswith("fails:")
+    assert len(forwards) == 2  # the math reference and the default: none under cuDNN
+
+
+def test_the_check_recomputes_every_layer_in_its_backward(wrapped_and_batch):
+    """One layer's activations at a time: each decoder layer's attention runs again in the backward of each forward."""
+    wrapped, batch = wrapped_and_batch
+    attention_runs = []
+    layers = decoder_layers(wrapped.model)
+    handles = [layer.self_attn.register_forward_hook(lambda *_: attention_runs.append(1)) for layer in layers]
+    try:
+        choose_attention(wrapped.model, lambda: wrapped(**batch), (("default", None),))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(attention_runs) == 2 * 2 * len(layers)  # (math, default) x (forward, recompute) x layers
+    assert all("forward" not in vars(layer) for layer in layers)  # the plain forwards are back
+
+
+def test_attention_calls_are_recorded_once_per_kind():
+    q = torch.randn(1, 2, 8, 4)
+    with AttentionCalls() as calls:
+        for _ in range(3):
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        F.scaled_dot_product_attention(q[:, :, :4], q[:, :, :4], q[:, :, :4], is_causal=True)
+    assert len(calls.calls) == 2
+    assert calls.first_error(None) is None and calls.first_error(MATH) is None
+    assert "No viable backend" in calls.first_error((SDPBackend.CUDNN_ATTENTION,))  # no cuDNN kernel on CPU
+
+
+# one rank of a two-rank gloo group under FSDP2: choose_attention with this rank's candidates; writes its choice
+RANK = """
+import datetime, json, os, sys
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.nn.attention import SDPBackend
+from common.models import load_model, resolve_model
+from trainable.attention_check import choose_attention
+from trainable.compiled import decoder_layers
+from trainable.config import TrialConfig
+config, out = json.loads(sys.argv[1]), sys.argv[2]
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+specs = TrialConfig.from_dict(dict(run_name="a", trial_id="t", family="tiny", learning_rate=1e-3, label_smoothing=0.1,
+                                   custom_models={"tiny": {"config": config}})).custom_specs()
+model = load_model(resolve_model("tiny", specs), seed=0)
+for layer in decoder_layers(model):
+    fully_shard(layer)
+fully_shard(model)
+ids = torch.randint(0, 100, (1, 32), generator=torch.Generator().manual_seed(rank))
+first = ("cudnn_only", (SDPBackend.CUDNN_ATTENTION,)) if rank == 0 else ("sdpa_own", None)
+choice = choose_attention(model, lambda: model(input_ids=ids, labels=ids).loss, (first, ("default", None)))
+with open(os.path.join(out, f"choice{rank}.json"), "w") as f:
+    json.dump({"name": choice.name, "report": choice.report}, f)
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_kernel_failing_on_one_rank_is_dropped_by_all_before_any_collective(tiny_llama_config, tmp_path):
+    """Under FSDP2 a candidate whose kernel raises on rank 0 only: its forward (which gathers every layer) runs on no
+    rank, both ranks go on to the next candidate, and nothing waits in a collective (the group's timeout: 60 s)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, json.dumps(tiny_llama_config), str(tmp_path)],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    logs = [process.communicate(timeout=240)[0] for process in ranks]
+    assert all(process.returncode == 0 for process in ranks), logs[0][-3000:] + logs[1][-3000:]
+    choices = [json.loads((tmp_path / f"choice{r}.json").read_text()) for r in range(2)]
+    assert [c["name"] for c in choices] == ["default", "default"]
+    assert choices[0]["report"]["cudnn_only"].startswith("fails:")
+    assert choices[1]["report"]["sdpa_own"] == "fails on another rank"
