@@ -2,8 +2,9 @@
 
 ``plan_layout`` picks the cheapest layout that fits: every candidate (GPUs N in 1, 2, 4, ...; ZeRO stage 0-3;
 micro-batch a divisor of the step's sequences per GPU; the fewest checkpointed decoder layers that fit) whose
-predicted peak (``peak_bytes``) is within the GPU's budget, ranked by GPU-seconds per token (when the stage is chosen too: ZeRO-0 on one GPU, ZeRO-2 or 3 across GPUs, since
-ZeRO-1 partitions less than ZeRO-2 for the same traffic):
+predicted peak (the largest of ``phase_peaks``) is within the GPU's budget, ranked by GPU-seconds per token
+(when the stage is chosen too: ZeRO-0 on one GPU, ZeRO-2 or 3 across GPUs, since ZeRO-1 partitions less than
+ZeRO-2 for the same traffic):
     cost = N / (MFU(stage, N) x recompute(k)),   recompute(k) = 1 / (1 + k / (3 L))
 (re-running k of L layers' forwards adds k/L of a forward, a third of a step's FLOPs). MFU per stage is the
 recorded one (``RECORDED_MFU``). Ties go to fewer GPUs, then the lower stage. The tokens of an optimiser step
@@ -35,6 +36,9 @@ GiB, and fitted at 2: docs/measurements/2026-11-27-one-gpu-fsdp2). The model und
 with accumulation, by 4.0-6.7% (8B at micro-batch 1 x 2 and 1 x 4, on two GPUs with 0-24 layers recomputed and on
 one H200: docs/measurements/2026-11-27-fsdp2-accumulation and the earlier 2-GPU records), so such a plan keeps
 ``ACCUMULATION_HEADROOM`` of the budget free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's (``planned_stage``).
+
+A layout fits when every phase of a trial does (``phase_peaks``): the attention check before step 1 (one row, every
+layer recomputed), the training steps, and (planned per trial, ``trainable.trial_memory``) the export and scoring.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class ModelShape:
     vocab: int
     kv_width: int  # key/value heads x head dim
     tied: bool
+    heads: int = 1  # query heads (the attention check's math kernel holds heads x T^2 weights)
 
     @classmethod
     def from_config(cls, config: Any, params: int | None = None) -> "ModelShape":
@@ -97,7 +102,8 @@ class ModelShape:
         if params is None:  # attention (q, o: heads x head_dim; k, v) + gated MLP + two norms per layer
             per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_width + 3 * hidden * intermediate + 2 * hidden
             params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
-        return cls(int(params), int(layers), int(hidden), int(intermediate), int(vocab), int(kv_width), tied)
+        return cls(int(params), int(layers), int(hidden), int(intermediate), int(vocab), int(kv_width), tied,
+                   int(heads))
 
     @property
     def layer_params(self) -> int:
@@ -119,7 +125,7 @@ class Layout:
     micro_batch_size: int
     gradient_accumulation_steps: int
     checkpointed: int | bool  # decoder layers recomputed (the first k); True: all of them
-    peak_bytes: float  # predicted, per GPU (PyTorch's allocator, without the CUDA context)
+    peak_bytes: float  # predicted, per GPU, of its largest phase (PyTorch's allocator, no CUDA context)
     cost: float  # GPU-seconds per token relative units: workers / (MFU x recompute factor)
     wide_buckets: bool = False  # ZeRO-3: ``zero_buckets``' wide buckets (else layer-sized, the default)
     engine: str = "deepspeed"  # the engine that runs it: deepspeed, or fsdp2 (ZeRO-3 layouts only)
@@ -208,6 +214,43 @@ def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, se
     return state_bytes(shape, stage, workers, zero) + activations
 
 
+def check_activation_bytes(shape: ModelShape, seq_len: int) -> float:
+    """The attention check's activations (``trainable.attention_check``): one row of ``seq_len`` tokens with every
+    layer recomputed, plus the math kernel's weights of the layer being recomputed (scores, probabilities and their
+    gradients: 4 x heads x T^2 in bf16)."""
+    return activation_bytes(shape, seq_len, True) + 4 * 2 * shape.heads * seq_len ** 2
+
+
+def scoring_activation_bytes(shape: ModelShape, tokens: int) -> float:
+    """A scoring forward's memory (no grad) over ``tokens`` padded tokens: every layer's keys and values (the prefix
+    cache) and one layer's working set (``ACTIVATION_BYTES``, bf16)."""
+    cache = 2 * 2 * shape.kv_width * shape.layers
+    working = ACTIVATION_BYTES["hidden"] * shape.hidden + ACTIVATION_BYTES["intermediate"] * shape.intermediate
+    return (cache + working) * tokens
+
+
+def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
+                checkpointed: int | bool = 0, zero: dict[str, Any] | None = None, engine: str = "deepspeed",
+                accumulation: int = 1, scoring_tokens: int = 0, export: bool = False) -> dict[str, float]:
+    """Predicted allocator peak per GPU of each phase of a trial, in the order they run (``max`` of them is the
+    trial's): the attention check (the states and ``check_activation_bytes``), the training steps (``peak_bytes``),
+    the export (``train.save_model``: FSDP2 and ZeRO-3 gather a bf16 copy, 2P, on rank 0; FSDP2 once its optimizer
+    states are freed, 4P/N left) and scoring over ``scoring_tokens`` padded tokens a forward (FSDP2 on rank 0's
+    gathered copy; DeepSpeed in place: ``zero3_scoring`` gathers a ZeRO-3 copy only where it fits)."""
+    states = peak_bytes(shape, stage, workers, micro_batch, seq_len, checkpointed, zero, engine, accumulation) \
+        - (activation_bytes(shape, micro_batch * seq_len, checkpointed)
+           * (FSDP2_ACTIVATION_SCALE if engine == "fsdp2" and accumulation == 1 else 1.0))
+    fsdp2 = engine == "fsdp2"
+    kept = 4 * shape.params / workers + (NCCL_BUFFER_BYTES if workers > 1 else 0.0) if fsdp2 else states
+    peaks = {"attention_check": states + check_activation_bytes(shape, seq_len),
+             "train": peak_bytes(shape, stage, workers, micro_batch, seq_len, checkpointed, zero, engine, accumulation)}
+    if export:
+        peaks["export"] = kept + (2 * shape.params if fsdp2 or stage == 3 else 0.0)
+    if scoring_tokens:
+        peaks["score"] = kept + (2 * shape.params if fsdp2 else 0.0) + scoring_activation_bytes(shape, scoring_tokens)
+    return peaks
+
+
 def layout_engine(stage: int, workers: int, preferred_engine: str, on_gpu: bool = True) -> str:
     """The engine that runs a layout of ZeRO ``stage`` on ``workers`` ranks: ``preferred_engine`` (FSDP2 under
     ``engine: auto``) for stage 3 and for one GPU, DeepSpeed for the rest. On one GPU FSDP2 shards nothing: it trains
@@ -254,8 +297,8 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                 wide = False  # zero_buckets' default (see there)
                 zero = zero_buckets(stage, shape.layer_params, wide)
                 layers = _checkpoint_choices(shape.layers, checkpointing)
-                peaks = {k: peak_bytes(shape, stage, n, micro, seq_len, k, zero, engine, share // micro)
-                         for k in layers}
+                peaks = {k: max(phase_peaks(shape, stage, n, micro, seq_len, k, zero, engine,
+                                            share // micro).values()) for k in layers}
                 room = budget / (1 + ACCUMULATION_HEADROOM) if engine == "fsdp2" and share > micro else budget
                 k = next((k for k in layers if peaks[k] <= room), None)
                 if k is None:
@@ -285,10 +328,16 @@ def plan_layout(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_
     fitting = candidates(shape, seq_len, sequences_per_step, micro_batch, gpu_memory_bytes, counts,
                          (stage,) if stage is not None else STAGES, checkpointing, preferred_engine)
     if not fitting:
-        smallest = peak_bytes(shape, 3, max(counts), 1, seq_len, True, engine=preferred_engine) / GIB
+        tried = candidates(shape, seq_len, sequences_per_step, 1, math.inf, counts,
+                           (stage,) if stage is not None else STAGES,
+                           True if checkpointing is None else checkpointing, preferred_engine)
+        smallest = min(tried, key=lambda c: c.peak_bytes, default=None)
+        closest = "" if smallest is None else (f": the smallest, {smallest.describe(shape.layers)}, peaks at "
+                                               f"{smallest.peak_gib:.1f} GiB per GPU against the "
+                                               f"{budget_bytes(gpu_memory_bytes) / GIB:.1f} GiB PyTorch may allocate")
         raise ValueError(f"expected a layout of a {shape.params / 1e9:.2f}B-parameter model ({sequences_per_step} "
-                         f"sequences of {seq_len} tokens a step) within {gpu_memory_bytes / GIB:.0f} GiB GPUs on "
-                         f"{'/'.join(map(str, counts))} GPUs, got none: the smallest needs {smallest:.1f} GiB per GPU; "
+                         f"sequences of {seq_len} tokens a step) within {gpu_memory_bytes / GIB:.1f} GiB GPUs on "
+                         f"{'/'.join(map(str, counts))} GPUs, got none{closest}; "
                          f"raise resources.max_workers_per_trial or lower sft.max_seq_len")
     return min(fitting, key=lambda c: (round(c.cost, 6), c.workers, c.zero_stage, c.checkpointed))
 

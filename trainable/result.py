@@ -56,8 +56,10 @@ class TrialResult:
     gradient_accumulation_steps: int | None
     activation_checkpointing: int | None  # decoder layers recomputed in the backward (0: none; the layout's choice)
     # memory (trainable.trial_memory), of rank 0
-    gpu_peak_gib: float | None  # peak of PyTorch's allocator while training; None on the CPU
-    gpu_peak_predicted_gib: float | None  # trainable.layout.peak_bytes of the layout that ran; None off CUDA, non-bf16
+    gpu_peak_gib: float | None  # peak of PyTorch's allocator over the trial's phases; None on the CPU
+    gpu_peak_phase: str | None  # the phase of that peak: load, attention_check, train, export or score
+    gpu_peak_predicted_gib: float | None  # the largest of trainable.layout.phase_peaks; None off CUDA, non-bf16
+    gpu_phase_peaks: str | None  # JSON {phase: [measured GiB, predicted GiB or null]} (trainable.trial_memory)
     host_rss_gib: float | None  # the process's resident set at the trial's end (a warm actor's grows if trials leak)
     # wall times (seconds)
     wall_load_s: float | None

@@ -1,19 +1,22 @@
-"""What a trial held in memory: rank 0's GPU peak while training, the layout model's prediction of it, and the
-host process's resident set at the trial's end.
+"""What a trial held in memory: rank 0's GPU peak in each phase (load, attention check, training, export, scoring),
+the layout model's prediction of each (``trainable.layout.phase_peaks``), and the host process's resident set at the
+trial's end.
 
-So every GPU trial checks ``trainable.layout.peak_bytes`` (its row is a record like the benchmark's), and a warm
+So every GPU trial checks the memory model of every phase (its row is a record like the benchmark's), and a warm
 actor that keeps something of each trial shows as ``host_rss_gib`` growing from trial to trial.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import json
+from typing import Any, Iterator
 
 import psutil
 import torch
 
-from trainable.config import TrainConfig
-from trainable.layout import GIB, ModelShape, peak_bytes
+from trainable.config import TrialConfig
+from trainable.layout import GIB, ModelShape, phase_peaks
 
 
 def reset_gpu_peak(device: torch.device) -> None:
@@ -27,22 +30,63 @@ def gpu_peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
 
 
-def predicted_peak_gib(model_config: Any, params: int, train: TrainConfig, engine: str, zero_stage: int,
-                       world_size: int, seq_len: int, checkpointed: int, precision: str,
-                       device: torch.device) -> float | None:
-    """``trainable.layout.peak_bytes`` of the layout that ran (GiB): the model's shape (``params`` real
-    parameters), the engine's stage, micro-batch, accumulation and recomputed layers, and ZeRO's buckets as
-    ``deepspeed_config`` set them. None where the model does not apply: off CUDA, or in another precision than
-    bf16."""
+class PhasePeaks:
+    """The allocator's peak on ``device`` in each phase of a trial (GiB), phase by phase: ``with peaks.phase(name)``
+    starts the peak afresh (a warm actor's previous trial, or the previous phase, set it) and keeps it at the end.
+    Nothing is measured on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.gib: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        reset_gpu_peak(self.device)
+        try:
+            yield
+        finally:
+            peak = gpu_peak_gib(self.device)
+            if peak is not None:
+                self.gib[name] = max(peak, self.gib.get(name, 0.0))
+
+    def peak(self) -> tuple[float | None, str | None]:
+        """(the largest phase peak, its phase), (None, None) where nothing was measured."""
+        if not self.gib:
+            return None, None
+        name = max(self.gib, key=self.gib.get)
+        return self.gib[name], name
+
+
+def predicted_phase_peaks_gib(model_config: Any, params: int, trial: TrialConfig, engine: str, zero_stage: int,
+                              world_size: int, seq_len: int, checkpointed: int, precision: str,
+                              device: torch.device) -> dict[str, float] | None:
+    """``trainable.layout.phase_peaks`` of the layout that ran (GiB): the model's shape (``params`` real
+    parameters), the engine's stage, micro-batch, accumulation and recomputed layers, ZeRO's buckets as
+    ``deepspeed_config`` set them, the export (``train.save_model``) and scoring forwards of ``eval.batch_tokens``
+    (else ``eval.batch_size`` rows of ``seq_len``). None where the model does not apply: off CUDA, or in another
+    precision than bf16."""
     from trainable.deepspeed_setup import deepspeed_config
 
     if device.type != "cuda" or precision != "bf16":
         return None
     config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     shape = ModelShape.from_config(config, params)
+    train = trial.train
     zero = deepspeed_config(train, precision, world_size, shape.layer_params)["zero_optimization"]
-    return peak_bytes(shape, zero_stage, world_size, train.micro_batch_size, seq_len, checkpointed, zero, engine,
-                      train.gradient_accumulation_steps) / GIB
+    scoring = (trial.eval.batch_tokens or trial.eval.batch_size * seq_len) if trial.eval.tasks else 0
+    peaks = phase_peaks(shape, zero_stage, world_size, train.micro_batch_size, seq_len, checkpointed, zero, engine,
+                        train.gradient_accumulation_steps, scoring, train.save_model)
+    return {name: value / GIB for name, value in peaks.items()}
+
+
+def phase_table(measured: dict[str, float], predicted: dict[str, float] | None) -> str | None:
+    """Measured and predicted peaks per phase as JSON, {phase: [measured GiB, predicted GiB or null]}; None
+    where nothing was measured."""
+    if not measured:
+        return None
+    predicted = predicted or {}
+    return json.dumps({name: [round(gib, 3), None if predicted.get(name) is None else round(predicted[name], 3)]
+                       for name, gib in measured.items()})
 
 
 def host_rss_gib() -> float:

@@ -136,16 +136,20 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     if resume_from is not None and (resume_from / checkpointing.FINAL_FILE).is_file():
         return _report_finished(trial, resume_from, rank, report, writers)
     started = time.time()
-    trial_memory.reset_gpu_peak(device)
-    setup = set_up(trial, device, rank, world_size, resume_from)
+    peaks = trial_memory.PhasePeaks(device)
+    setup = set_up(trial, device, rank, world_size, resume_from, peaks)
     try:
-        trained = train(trial, setup, device, rank, world_size, report, report_checkpoint)
-        model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model,
-                                gather_for(setup.engine)) \
-            if trial.train.save_model else None
-        scored = score(trial, setup, device, rank, world_size, writers)
+        with peaks.phase("train"):
+            trained = train(trial, setup, device, rank, world_size, report, report_checkpoint)
+        if isinstance(setup.engine, fsdp2_engine.Fsdp2Engine):
+            setup.engine.drop_optimizer_state()  # training is over: the export's and scoring's gathers need the room
+        with peaks.phase("export"):
+            model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model,
+                                    gather_for(setup.engine)) if trial.train.save_model else None
+        with peaks.phase("score"):
+            scored = score(trial, setup, device, rank, world_size, writers)
         result = trial_result(trial, setup, trained, scored, device, world_size, model_path,
-                              time.time() - started)
+                              time.time() - started, peaks)
     finally:  # ZeRO's gradient hooks live in autograd's C++ nodes: until removed, the engine outlives the trial
         # (FSDP2's engine frees its optimizer states)
         setup.engine.destroy()
@@ -180,15 +184,35 @@ class TrialSetup:
     start: int  # the step training resumes after (0: from the start)
     resumed: checkpointing.LoopState | None
     attention: AttentionChoice
-    load_s: float
+    load_s: float  # seconds to load, check and restore
+    first_batch: dict[str, torch.Tensor]  # this rank's first micro-batch (the attention check's probe)
 
 
 def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
-           resume_from: Path | None) -> TrialSetup:
+           resume_from: Path | None, peaks: trial_memory.PhasePeaks) -> TrialSetup:
     """Seed, load the model and the SFT data, build the engine (``train.engine``) and this rank's batches, check the
     attention kernels on the first batch's first row and restore ``resume_from``'s checkpoint (after the check:
-    whatever its probe draws, training goes on with the checkpoint's RNGs)."""
+    whatever its probe draws, training goes on with the checkpoint's RNGs). ``peaks`` records the GPU peaks of the
+    load (and restore) and of the check."""
     started = time.time()
+    with peaks.phase("load"):
+        setup = _loaded(trial, device, rank, world_size, resume_from)
+    if trial.train.attention_check:
+        with peaks.phase("attention_check"):
+            setup.attention = _checked_attention(setup, device, rank)
+    if setup.resumed:
+        with peaks.phase("load"):
+            setup.wrapped.head.plan_history = checkpointing.restore(setup.engine, resume_from, rank)
+        if rank == 0:
+            print(f"[calsweep] trial {trial.trial_id} resumes at step {setup.start}/{setup.total_steps} from "
+                  f"{resume_from}", flush=True)
+    setup.load_s = time.time() - started
+    return setup
+
+
+def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
+            resume_from: Path | None) -> TrialSetup:
+    """``set_up``'s model, data, engine and batches (attention unchecked)."""
     resumed = checkpointing.loop_state(resume_from) if resume_from is not None else None
     start = resumed.step if resumed else 0
     prepare_node(cache_dir(), device)  # compiled graphs shared by the node's trials; no DeepSpeed op built
@@ -221,22 +245,23 @@ def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
         batches = iterate_batches(examples, trial.train.micro_batch_size, tokenizer.pad_token_id, trial.seed,
                                   rank, world_size, pad_to, skip=skip)
     first_batch = next(batches)
-    attention = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
-    if trial.train.attention_check:
-        probe = {k: v[:1].to(device) for k, v in first_batch.items()}  # one row (attention_check: memory)
-        key = json.dumps([model.config.to_json_string(), {k: [list(v.shape), str(v.dtype)] for k, v in probe.items()},
-                          type(engine).__name__, precision, device.type, device_name(device)])
-        attention = choose_attention_once(key, model, lambda: engine.module(**probe))
-        if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
-            print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
-    if resumed:
-        wrapped.head.plan_history = checkpointing.restore(engine, resume_from, rank)
-        if rank == 0:
-            print(f"[calsweep] trial {trial.trial_id} resumes at step {start}/{total_steps} from {resume_from}",
-                  flush=True)
+    unchecked = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
     return TrialSetup(spec, tokenizer, model, facts, wrapped, engine, precision,
                       itertools.chain([first_batch], batches), held_out, pad_to, pack_width or trial.sft.max_seq_len,
-                      total_steps, start, resumed, attention, time.time() - started)
+                      total_steps, start, resumed, unchecked, 0.0, first_batch)
+
+
+def _checked_attention(setup: TrialSetup, device: torch.device, rank: int) -> AttentionChoice:
+    """The attention kernels to train with (``trainable.attention_check``), checked on the first batch's first row
+    (SDPA picks by head size, length, dtype and mask, not by rows; one row keeps the check's memory small)."""
+    model, engine = setup.model, setup.engine
+    probe = {k: v[:1].to(device) for k, v in setup.first_batch.items()}
+    key = json.dumps([model.config.to_json_string(), {k: [list(v.shape), str(v.dtype)] for k, v in probe.items()},
+                      type(engine).__name__, setup.precision, device.type, device_name(device)])
+    attention = choose_attention_once(key, model, lambda: engine.module(**probe))
+    if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
+        print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
+    return attention
 
 
 def _sft_examples(trial: TrialConfig, tokenizer: Any) -> tuple[list[dict], list[dict]]:
@@ -282,7 +307,6 @@ class Training:
     prior_tokens: int  # this rank's tokens before a resumed attempt
     clock: StepClock  # this attempt's tokens and times (stopped)
     recomputed: int  # decoder layers that recomputed their activations (train.activation_checkpointing)
-    gpu_peak_gib: float | None  # this rank's allocator peak from the trial's start to the last step (trial_memory)
 
 
 def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int, world_size: int, report: Report,
@@ -367,8 +391,7 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
                                    wrapped.head.plan_history)
                 report_checkpoint(metrics, Path(directory))
     clock.stop()
-    return Training(step_loss, plain_loss, first_loss, confidence, val_loss, prior_tokens, clock, recomputed,
-                    trial_memory.gpu_peak_gib(device))
+    return Training(step_loss, plain_loss, first_loss, confidence, val_loss, prior_tokens, clock, recomputed)
 
 
 @dataclass
@@ -394,8 +417,7 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     if not trial.eval.tasks:
         return Scores({}, None, {}, time.time() - started)
     setup.engine.eval()
-    if isinstance(setup.engine, fsdp2_engine.Fsdp2Engine):
-        setup.engine.drop_optimizer_state()
+    if isinstance(setup.engine, fsdp2_engine.Fsdp2Engine):  # its optimizer states already freed (run_trial)
         scorer = gather_for(setup.engine)(setup.model, device, rank)
     else:
         scorer = zero3_scoring.scoring_model(setup.model, resolved_stage(trial.train, world_size), device, rank,
@@ -419,9 +441,14 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
 
 
 def trial_result(trial: TrialConfig, setup: TrialSetup, trained: Training, scored: Scores, device: torch.device,
-                 world_size: int, model_path: str | None, total_s: float) -> TrialResult:
+                 world_size: int, model_path: str | None, total_s: float,
+                 peaks: trial_memory.PhasePeaks) -> TrialResult:
     """The phases' measurements as one ``TrialResult``; throughput counts every rank's tokens."""
     clock, facts, engine = trained.clock, setup.facts, setup.engine
+    predicted = trial_memory.predicted_phase_peaks_gib(
+        setup.model.config, facts["n_params"], trial, trial_engine(engine), engine.zero_optimization_stage(),
+        world_size, setup.row_width, trained.recomputed, setup.precision, device)
+    peak, peak_phase = peaks.peak()
     train_s = clock.stopped - clock.started
     steady = clock.steady_rate()
     flops = training_flops_per_token(facts["n_params"], facts["n_layers"], facts["hidden_size"], setup.row_width)
@@ -437,10 +464,9 @@ def trial_result(trial: TrialConfig, setup: TrialSetup, trained: Training, score
         device=str(device.type), world_size=world_size,
         zero_stage=engine.zero_optimization_stage(), micro_batch_size=engine.train_micro_batch_size_per_gpu(),
         gradient_accumulation_steps=engine.gradient_accumulation_steps(),
-        activation_checkpointing=trained.recomputed, gpu_peak_gib=trained.gpu_peak_gib,
-        gpu_peak_predicted_gib=trial_memory.predicted_peak_gib(
-            setup.model.config, facts["n_params"], trial.train, trial_engine(engine), engine.zero_optimization_stage(),
-            world_size, setup.row_width, trained.recomputed, setup.precision, device),
+        activation_checkpointing=trained.recomputed, gpu_peak_gib=peak, gpu_peak_phase=peak_phase,
+        gpu_peak_predicted_gib=max(predicted.values()) if predicted else None,
+        gpu_phase_peaks=trial_memory.phase_table(peaks.gib, predicted),
         host_rss_gib=trial_memory.host_rss_gib(),
         wall_load_s=setup.load_s, wall_train_s=train_s, wall_eval_s=scored.eval_s, wall_total_s=total_s,
         model_path=model_path, node_id=ray_node_id(), **compile_cache_counts(),

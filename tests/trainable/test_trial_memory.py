@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig
 
 from trainable import trial_memory
-from trainable.config import TrainConfig
+from trainable.config import TrialConfig
 from trainable.layout import GIB, ModelShape, plan_layout, with_layout
 
 LLAMA_8B = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -16,6 +19,7 @@ LLAMA_8B = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_lay
 LLAMA_1B = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, head_dim=64)
 CUDA = torch.device("cuda")  # only its type is read: no GPU needed
+TRIAL = TrialConfig.from_dict(dict(run_name="a", trial_id="t", family="llama", learning_rate=1e-5, label_smoothing=0.1))
 
 
 @pytest.mark.parametrize("config, gpu_gib, sequences, micro, engine, held", [
@@ -26,21 +30,40 @@ CUDA = torch.device("cuda")  # only its type is read: no GPU needed
     (LLAMA_1B, 32.0, 16, 4, "fsdp2", {"workers": 1}),  # 1 GPU, FSDP2 with accumulation
 ])
 def test_a_trials_predicted_peak_is_its_planned_layouts(config, gpu_gib, sequences, micro, engine, held):
-    """What the row predicts for the layout a trial ran with is what the planner predicted when it chose it."""
+    """What the row predicts for the layout a trial ran with is what the planner predicted when it chose it: the
+    attention check and the training steps (planned), the export and scoring below them in these layouts."""
     shape = ModelShape.from_config(config)
     layout = plan_layout(shape, 2048, sequences, micro, gpu_gib * GIB, preferred_engine=engine, **held)
-    train = with_layout(TrainConfig(), layout, shape)
-    predicted = trial_memory.predicted_peak_gib(config, shape.params, train, layout.engine, layout.zero_stage,
-                                                layout.workers, 2048, layout.checkpointed, "bf16", CUDA)
-    assert predicted == pytest.approx(layout.peak_gib, rel=1e-12)
+    trial = dataclasses.replace(TRIAL, train=with_layout(dataclasses.replace(TRIAL.train, save_model=True), layout,
+                                                         shape))
+    predicted = trial_memory.predicted_phase_peaks_gib(config, shape.params, trial, layout.engine, layout.zero_stage,
+                                                       layout.workers, 2048, layout.checkpointed, "bf16", CUDA)
+    assert list(predicted) == ["attention_check", "train", "export", "score"]
+    assert max(predicted["attention_check"], predicted["train"]) == pytest.approx(layout.peak_gib, rel=1e-12)
+    assert predicted["attention_check"] < predicted["train"]  # the check is not the trial's largest allocation
+    # DeepSpeed's ZeRO-3 (8B, 2 GPUs, 21 layers recomputed) keeps its states while the export gathers a bf16 copy
+    # and while scoring: those phases peak above its training steps; FSDP2 frees its optimizer states first
+    below = layout.engine == "fsdp2" or layout.zero_stage < 3
+    assert (max(predicted["export"], predicted["score"]) < predicted["train"]) == below
 
 
 def test_no_prediction_off_cuda_or_outside_bf16():
     shape = ModelShape.from_config(LLAMA_1B)
-    args = (LLAMA_1B, shape.params, TrainConfig(), "deepspeed", 0, 1, 2048, 0)
-    assert trial_memory.predicted_peak_gib(*args, "bf16", torch.device("cpu")) is None
-    assert trial_memory.predicted_peak_gib(*args, "fp32", CUDA) is None
-    assert trial_memory.predicted_peak_gib(*args, "bf16", CUDA) > 0
+    args = (LLAMA_1B, shape.params, TRIAL, "deepspeed", 0, 1, 2048, 0)
+    assert trial_memory.predicted_phase_peaks_gib(*args, "bf16", torch.device("cpu")) is None
+    assert trial_memory.predicted_phase_peaks_gib(*args, "fp32", CUDA) is None
+    assert set(trial_memory.predicted_phase_peaks_gib(*args, "bf16", CUDA)) == {"attention_check", "train", "score"}
+
+
+def test_phase_peaks_keep_each_phases_largest_and_name_the_trials():
+    peaks = trial_memory.PhasePeaks(torch.device("cpu"))
+    with peaks.phase("train"):
+        pass
+    assert peaks.gib == {} and peaks.peak() == (None, None) and trial_memory.phase_table(peaks.gib, None) is None
+    peaks.gib.update(load=2.0, train=20.0, score=5.0)
+    assert peaks.peak() == (20.0, "train")
+    assert json.loads(trial_memory.phase_table(peaks.gib, {"train": 21.0, "score": 6.0})) == {
+        "load": [2.0, None], "train": [20.0, 21.0], "score": [5.0, 6.0]}
 
 
 def test_host_rss_counts_what_the_process_holds():
@@ -65,3 +88,17 @@ def test_gpu_peak_is_the_allocators_since_the_reset():
     small = torch.empty(2**26, dtype=torch.uint8, device=device)  # 64 MiB
     assert 1 / 16 <= trial_memory.gpu_peak_gib(device) < 0.25
     del small
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_phase_peaks_are_each_phases_own():
+    device = torch.device("cuda")
+    peaks = trial_memory.PhasePeaks(device)
+    with peaks.phase("load"):
+        big = torch.empty(2**28, dtype=torch.uint8, device=device)  # 256 MiB
+        del big
+    with peaks.phase("train"):
+        small = torch.empty(2**26, dtype=torch.uint8, device=device)  # 64 MiB
+        del small
+    assert peaks.peak()[1] == "load" and 1 / 16 <= peaks.gib["train"] < 0.25
