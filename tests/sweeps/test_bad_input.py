@@ -92,3 +92,24 @@ def test_a_fraction_of_a_gpu_for_a_trial_of_several_workers_is_refused(data_dir,
                  ["resources.workers_per_trial=1", "resources.gpus_per_worker=0.5"]):
         assert main(["--config", str(TINY), "--dry-run", "--data-dir", data_dir, "--results-dir", str(tmp_path),
                      *fine]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("assignment, expected", [
+    ("custom_models.tiny-llama.config.num_key_value_heads=3",
+     "custom_models.tiny-llama.config.num_key_value_heads: 3 does not divide num_attention_heads (4); expected one of "
+     "[1, 2, 4]"),
+    ("custom_models.tiny-llama.config.hiden_size=64",
+     "custom_models.tiny-llama.config: 'hiden_size' (did you mean 'hidden_size'?) is no key of transformers' "
+     "LlamaConfig (it would be ignored); expected keys such as ['vocab_size', 'hidden_size', "),
+    ("custom_models.tiny-llama.tokenizer={tmp}/no-such-tokenizer",
+     "custom_models.tiny-llama.tokenizer: '{tmp}/no-such-tokenizer' does not load (unknown model family "
+     "'{tmp}/no-such-tokenizer'; expected one of ["),
+    ("sft.local_file={tmp}/empty.json",
+     "sft: alpaca does not load: SFT data file '{tmp}/empty.json' (sft.local_file) holds no examples; expected a "
+     "JSON list or JSON Lines file of at least one alpaca row"),
+])
+def test_a_custom_model_or_sft_file_that_would_fail_in_the_trial_is_one_line_at_dry_run(
+        data_dir, tmp_path, capsys, assignment, expected):
+    (tmp_path / "empty.json").write_text("[]")
+    errors = _dry_run_errors(capsys, data_dir, tmp_path / "results", assignment.format(tmp=tmp_path))
+    assert len(errors) == 1 and errors[0].startswith(f"calsweep: error: {expected.format(tmp=tmp_path)}"), errors
