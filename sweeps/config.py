@@ -46,7 +46,7 @@ class ResourcesConfig:
     probe_margin: float = 1.3  # auto: the fraction asked is the probe's peak memory x this, over the GPU's memory
     max_concurrent_trials: int | None = None  # null: GPUs // gpus per trial (at least 1)
     # Ray Tune's retries of a failed or crashed trial (a worker, its driver or its node died) before it is recorded
-    # as failed; each resumes from the trial's last checkpoint
+    # as failed; each resumes from the trial's last checkpoint; -1: retry without end (never recorded as failed)
     max_failures: int = 1
     # one-worker trials run in Tune actors kept warm across trials (sweeps.warm_trial); false: a Ray Train worker
     # group of one per trial, started and stopped with it
@@ -171,11 +171,17 @@ class SweepConfig:
         return _shape(family, _custom_key(self.custom_models))
 
     def layout_problem(self, family: str) -> str | None:
-        """Why no layout fits ``family`` (a one-line config problem), or None."""
+        """Why no layout fits ``family`` (a one-line config problem), or None: none fits its GPUs, or a fraction of a
+        GPU per worker would put two ranks of one of its trials on one GPU (NCCL refuses that)."""
         try:
             _planned(self.train, self.resources, self.sft, family, _custom_key(self.custom_models))
         except ValueError as exc:
             return f"families: {family}: {exc}"
+        gpus, workers = self.resources.gpus_per_worker, self.layout(family).workers
+        if isinstance(gpus, (int, float)) and 0 < gpus < 1 and workers > 1:
+            return (f"resources.gpus_per_worker: {gpus:g} would put {family}'s {workers} workers per trial on one GPU "
+                    f"(NCCL runs one rank of a trial per GPU); expected 1 or another whole number for a sweep with "
+                    f"{family}, or resources.workers_per_trial: 1")
         return None
 
 
@@ -318,6 +324,13 @@ def _check_sweep(config: SweepConfig) -> list[str]:
                         f"{config.resources.max_workers_per_trial!r}")
     if config.resources.probe_margin < 1:
         problems.append(f"resources.probe_margin: expected a number >= 1, got {config.resources.probe_margin!r}")
+    memory = config.resources.gpu_memory_gb
+    if memory is not None and not (memory > 0 and math.isfinite(memory)):
+        problems.append(f"resources.gpu_memory_gb: expected the GiB of one GPU, a number > 0 (e.g. 80 for an H100), "
+                        f"got {memory!r}")
+    if config.resources.max_failures < -1:
+        problems.append(f"resources.max_failures: expected an integer >= 0 (retries of a failed trial) or -1 (retry "
+                        f"without end), got {config.resources.max_failures!r}")
     custom = {n: None for n in config.custom_models}
     for family in config.families:
         if family in custom:

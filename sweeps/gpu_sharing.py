@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import tempfile
 from typing import Any
 
@@ -71,12 +70,11 @@ def _peak_bytes(config: dict[str, Any]) -> tuple[int, int, int]:
     """(peak bytes, GPU bytes, PyTorch's peak allocated bytes) of one optimiser step of the trial ``config`` on this
     task's GPU: the CUDA context and whatever else held the GPU when it started, plus PyTorch's peak reserved
     memory (the caching allocator's share, which a co-tenant cannot use)."""
-    import socket
-
     import torch
     import torch.distributed as dist
 
     from sweeps import store
+    from sweeps.warm_trial import process_group
     from trainable.config import TrialConfig
     from trainable.worker import run_trial
 
@@ -84,11 +82,7 @@ def _peak_bytes(config: dict[str, Any]) -> tuple[int, int, int]:
     device = torch.device("cuda", 0)
     torch.cuda.init()
     free, total = torch.cuda.mem_get_info(device)
-    with socket.socket() as s:  # a one-rank group, as Ray Train sets up for a one-worker trial
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    process_group(device)  # a one-rank group, as a one-worker trial has
     try:
         with tempfile.TemporaryDirectory(prefix="calsweep-probe-") as results:
             one_step = dataclasses.replace(trial, results_dir=results,

@@ -50,22 +50,26 @@ def _hub_config_problem(location: str) -> str | None:
 
 
 def _custom_model_problem(spec: Any) -> str | None:
-    """Why a random-init model cannot be built from its ``architecture`` and ``config`` ('<key>: ...'; built on the
-    meta device: no memory, no weights), or None."""
+    """Why a random-init model cannot be built from its ``architecture`` and ``config`` ('custom_models.<name>.<key>:
+    ...'; built on the meta device: no memory, no weights), or None."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from common.config import suggest
+    from common.config import ConfigError, suggest
+    from common.models import random_init_config
 
+    where = f"custom_models.{spec.name}"
     if spec.location not in CONFIG_MAPPING:
-        return (f"architecture: {spec.location!r} is no transformers model type{suggest(spec.location, CONFIG_MAPPING)};"
-                f" expected one such as 'llama', 'qwen2' or 'gemma3_text'")
+        return (f"{where}.architecture: {spec.location!r} is no transformers model type"
+                f"{suggest(spec.location, CONFIG_MAPPING)}; expected one such as 'llama', 'qwen2' or 'gemma3_text'")
     try:
         with torch.device("meta"):
-            AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.location, **spec.architecture_config))
+            AutoModelForCausalLM.from_config(random_init_config(spec))
+    except ConfigError as exc:  # an unknown key or a head count: its line names the key
+        return str(exc)
     except Exception as exc:  # noqa: BLE001 - any failure to make the config or the model is the problem
-        return f"config: builds no {spec.location} causal LM ({_line(exc)})"
+        return f"{where}.config: builds no {spec.location} causal LM ({_line(exc)})"
     return None
 
 
@@ -91,14 +95,15 @@ def family_problems(sweep: SweepConfig) -> dict[str, str]:
         if name in custom:
             reason = _custom_model_problem(custom[name])
             if reason:
-                problems[name] = f"custom_models.{name}.{reason}"
+                problems[name] = reason
             continue
+        user = None if name in sweep.families else next(  # only its tokenizer is wanted, by this custom model
+            f for f in sweep.families if f in custom and custom[f].tokenizer == name)
         try:
             spec = resolve_model(name, custom)
-            if name not in sweep.families and spec.source in ("local", "hub"):  # only its tokenizer is wanted
+            if user and spec.source in ("local", "hub"):
                 reason = _tokenizer_problem(spec)
                 if reason:
-                    user = next(f for f in sweep.families if f in custom and custom[f].tokenizer == name)
                     problems[name] = f"custom_models.{user}.tokenizer: {name!r} " + (
                         f"does not load as a tokenizer ({reason})" if spec.source == "local" else
                         f"is no registry family nor existing local path, and its hub tokenizer cannot be read ({reason})")
@@ -108,7 +113,8 @@ def family_problems(sweep: SweepConfig) -> dict[str, str]:
                 gguf_path(spec)
                 continue
         except Exception as exc:  # noqa: BLE001 - any failure to find the weights is the problem
-            problems[name] = f"families: {_line(exc)}"
+            problems[name] = (f"custom_models.{user}.tokenizer: {name!r} does not load ({_line(exc)})" if user else
+                              f"families: {_line(exc)}")
             continue
         if spec.source == "local" and spec.location.endswith(".gguf"):
             continue

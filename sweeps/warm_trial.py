@@ -59,8 +59,9 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _process_group(device: torch.device) -> None:
-    """A torch.distributed group of this one process, made by the actor's first trial and kept by the rest."""
+def process_group(device: torch.device) -> None:
+    """A torch.distributed group of this one process (gloo on the CPU, NCCL on CUDA) on an in-memory store: no port
+    to race for. A warm actor's first trial makes it and its later trials keep it; the GPU memory probe makes one too."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -93,7 +94,7 @@ def _run_here(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: s
 
     device = _device()
     torch.set_num_threads(max(1, round(sweep.resources.cpus_per_worker or 1)))  # a Ray Train worker's OMP_NUM_THREADS
-    _process_group(device)
+    process_group(device)
     gauges = LiveMetrics(trial.trial_id)
 
     def report(metrics: dict[str, Any]) -> None:

@@ -158,10 +158,15 @@ def _hub_rows(config: SFTConfig) -> Any:
 
 
 def _rows(config: SFTConfig, data_dir: str | None) -> tuple[Sequence[Any], Callable[[int], str]]:
-    """Raw rows (a list, or a lazily indexed hub dataset) and the origin of row ``i``."""
+    """Raw rows (a list, or a lazily indexed hub dataset) and the origin of row ``i``; a local file without rows
+    raises a one-line DataSourceError naming it."""
     path = _local_path(config, data_dir)
     if path is not None:
-        return _read_local(path)
+        rows, origin = _read_local(path)
+        if not rows:
+            raise DataSourceError(f"SFT data file {str(path)!r} (sft.local_file) holds no examples; expected a JSON "
+                                  f"list or JSON Lines file of at least one {config.dataset} row")
+        return rows, origin
     return _hub_rows(config), lambda i: f"{config.hub_id}: row {i + 1}"
 
 

@@ -1,4 +1,5 @@
-"""Registry guard: a family that an installed transformers is known to load wrongly is refused in one line."""
+"""Registry guard: a family that an installed transformers is known to load wrongly is refused in one line, and so
+is a random-init config its architecture would ignore or could not run."""
 
 from __future__ import annotations
 
@@ -45,3 +46,20 @@ def test_random_init_is_seeded_built_on_the_device_and_leaves_the_global_rng_alo
     assert not torch.equal(a.model.embed_tokens.weight, load_model(spec, seed=8).model.embed_tokens.weight)
     on_meta = load_model(spec, seed=7, device="meta")  # built where asked: no host copy to move afterwards
     assert {p.device.type for p in on_meta.parameters()} == {"meta"}
+
+
+def test_a_random_init_config_the_architecture_would_ignore_or_not_run_is_refused_by_the_trial_too(tiny_llama_config):
+    from common.config import ConfigError
+    from common.models import ModelSpec, load_model
+
+    for change, message in (({"hiden_size": 32}, r"custom_models\.tiny\.config: 'hiden_size' \(did you mean "
+                                                  r"'hidden_size'\?\) is no key of transformers' LlamaConfig"),
+                            ({"num_key_value_heads": 3}, r"custom_models\.tiny\.config\.num_key_value_heads: 3 does "
+                                                         r"not divide num_attention_heads \(4\); expected one of "
+                                                         r"\[1, 2, 4\]$")):
+        spec = ModelSpec("tiny", "random_init", "llama", architecture_config={**tiny_llama_config, **change})
+        with pytest.raises(ConfigError, match=message):
+            load_model(spec, device="meta")
+    legacy = {**tiny_llama_config, "rope_theta": 5e5}  # a name the class still reads (into rope_parameters)
+    model = load_model(ModelSpec("tiny", "random_init", "llama", architecture_config=legacy), device="meta")
+    assert model.config.rope_parameters["rope_theta"] == 5e5

@@ -55,3 +55,61 @@ def test_dry_run_and_resume_refuse_a_bad_name_in_one_line(tmp_path, capsys):
     assert len(errors) == 2 and errors[0].startswith("calsweep: error: override 'name=../../escape': name: expected")
     assert errors[1].startswith("calsweep: error: --resume: expected a run name") and "got '../x'" in errors[1]
     assert list(tmp_path.iterdir()) == [] and not (tmp_path.parent / "escape").exists()
+
+
+def _dry_run_errors(capsys, data_dir, results: Path, *assignments: str, config: Path = TINY) -> list[str]:
+    """The lines `launch.py --dry-run` prints to stderr for ``config`` with ``assignments`` (exit 2 expected)."""
+    assert main(["--config", str(config), "--dry-run", "--data-dir", data_dir, "--results-dir", str(results),
+                 *assignments]) == 2
+    return capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("memory", ["0", "-80", ".inf"])
+def test_a_gpu_memory_of_nothing_is_refused_naming_the_key_not_the_layout(memory):
+    with pytest.raises(ConfigError) as error:
+        load_sweep(TINY, assignments=[f"resources.gpu_memory_gb={memory}"])
+    assert error.value.problems == [f"override 'resources.gpu_memory_gb={memory}': resources.gpu_memory_gb: expected "
+                                    f"the GiB of one GPU, a number > 0 (e.g. 80 for an H100), got "
+                                    f"{float(memory.replace('.inf', 'inf'))!r}"]
+    assert load_sweep(TINY, assignments=["resources.gpu_memory_gb=40"]).resources.gpu_memory_gb == 40.0
+
+
+def test_max_failures_of_minus_one_retries_forever_and_below_is_refused():
+    assert load_sweep(TINY, assignments=["resources.max_failures=-1"]).resources.max_failures == -1
+    with pytest.raises(ConfigError) as error:
+        load_sweep(TINY, assignments=["resources.max_failures=-2"])
+    assert error.value.problems == ["override 'resources.max_failures=-2': resources.max_failures: expected an "
+                                    "integer >= 0 (retries of a failed trial) or -1 (retry without end), got -2"]
+
+
+def test_a_fraction_of_a_gpu_for_a_trial_of_several_workers_is_refused(data_dir, tmp_path, capsys):
+    errors = _dry_run_errors(capsys, data_dir, tmp_path, "resources.workers_per_trial=2",
+                             "resources.gpus_per_worker=0.5")
+    assert errors == ["calsweep: error: resources.gpus_per_worker: 0.5 would put tiny-llama's 2 workers per trial on "
+                      "one GPU (NCCL runs one rank of a trial per GPU); expected 1 or another whole number for a "
+                      "sweep with tiny-llama, or resources.workers_per_trial: 1"]
+    for fine in (["resources.workers_per_trial=2", "resources.gpus_per_worker=1"],
+                 ["resources.workers_per_trial=1", "resources.gpus_per_worker=0.5"]):
+        assert main(["--config", str(TINY), "--dry-run", "--data-dir", data_dir, "--results-dir", str(tmp_path),
+                     *fine]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("assignment, expected", [
+    ("custom_models.tiny-llama.config.num_key_value_heads=3",
+     "custom_models.tiny-llama.config.num_key_value_heads: 3 does not divide num_attention_heads (4); expected one of "
+     "[1, 2, 4]"),
+    ("custom_models.tiny-llama.config.hiden_size=64",
+     "custom_models.tiny-llama.config: 'hiden_size' (did you mean 'hidden_size'?) is no key of transformers' "
+     "LlamaConfig (it would be ignored); expected keys such as ['vocab_size', 'hidden_size', "),
+    ("custom_models.tiny-llama.tokenizer={tmp}/no-such-tokenizer",
+     "custom_models.tiny-llama.tokenizer: '{tmp}/no-such-tokenizer' does not load (unknown model family "
+     "'{tmp}/no-such-tokenizer'; expected one of ["),
+    ("sft.local_file={tmp}/empty.json",
+     "sft: alpaca does not load: SFT data file '{tmp}/empty.json' (sft.local_file) holds no examples; expected a "
+     "JSON list or JSON Lines file of at least one alpaca row"),
+])
+def test_a_custom_model_or_sft_file_that_would_fail_in_the_trial_is_one_line_at_dry_run(
+        data_dir, tmp_path, capsys, assignment, expected):
+    (tmp_path / "empty.json").write_text("[]")
+    errors = _dry_run_errors(capsys, data_dir, tmp_path / "results", assignment.format(tmp=tmp_path))
+    assert len(errors) == 1 and errors[0].startswith(f"calsweep: error: {expected.format(tmp=tmp_path)}"), errors

@@ -1,6 +1,10 @@
 """Packing small trials: the GPU fraction from a measured peak, ``gpus_per_worker: auto`` on a CPU-only cluster,
-which stored errors are out-of-memory ones, and the resources of a trial retried alone."""
+which stored errors are out-of-memory ones, the resources of a trial retried alone, and the probe's one-rank process
+group (the warm trials' own, which takes no announced port)."""
 
+import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ from sweeps.gpu_sharing import alone, gpu_fraction, out_of_memory
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
 GIB = 2**30
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("peak_gib, margin, expected", [
@@ -84,3 +89,33 @@ def test_alone_takes_whole_gpus_one_trial_at_a_time():
     assert solo.gpus_per_worker == 1 and solo.max_concurrent_trials == 1
     cpu = alone(plan_resources(load_sweep(TINY), {"CPU": 2.0})).resources
     assert cpu.gpus_per_worker == 0 and cpu.max_concurrent_trials == 1
+
+
+def test_the_library_makes_its_one_rank_process_groups_in_one_place():
+    """The GPU memory probe and the warm trials share ``sweeps.warm_trial.process_group`` (one declaration)."""
+    calls = [f"{path.relative_to(REPO)}:{function.name}"
+             for layer in ("common", "kernels", "calibration", "trainable", "sweeps")
+             for path in sorted((REPO / layer).rglob("*.py"))
+             for function in ast.walk(ast.parse(path.read_text())) if isinstance(function, ast.FunctionDef)
+             for node in ast.walk(function) if isinstance(node, ast.Call)
+             and getattr(node.func, "attr", getattr(node.func, "id", None)) == "init_process_group"]
+    assert calls == ["sweeps/warm_trial.py:process_group"]
+
+
+def test_the_shared_group_works_and_leaves_the_announced_port_unbound():
+    """The probe's group before took MASTER_PORT for its store after letting go of it (a race with any process
+    binding a port meanwhile); the shared group's store is in memory: nothing listens on that port."""
+    script = """
+import os, psutil, torch, torch.distributed as dist
+from sweeps.warm_trial import process_group
+process_group(torch.device("cpu"))
+process_group(torch.device("cpu"))  # a later trial keeps the group
+ports = {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+total = torch.ones(3)
+dist.all_reduce(total)
+print(dist.get_world_size(), dist.get_backend(), int(os.environ["MASTER_PORT"]) in ports, total.tolist())
+dist.destroy_process_group()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "1 gloo False [1.0, 1.0, 1.0]"

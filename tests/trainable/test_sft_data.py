@@ -241,6 +241,15 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path):
         load_conversations(SFTConfig(dataset="tulu3", local_file="tulu3/rows.jsonl"), str(tmp_path))
 
 
+@pytest.mark.parametrize("name, text", [("rows.json", "[]"), ("rows.jsonl", "\n\n")])
+def test_a_local_file_without_examples_is_named(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(DataSourceError) as info:
+        load_conversations(SFTConfig(local_file=name), str(tmp_path), seed=0)
+    assert str(info.value) == (f"SFT data file {str(tmp_path / name)!r} (sft.local_file) holds no examples; expected "
+                               f"a JSON list or JSON Lines file of at least one alpaca row")
+
+
 def test_missing_local_file_and_unreachable_hub(tmp_path, monkeypatch):
     with pytest.raises(DataSourceError, match="does not exist"):
         load_conversations(SFTConfig(local_file="alpaca/none.json"), str(tmp_path))
