@@ -22,7 +22,7 @@ TORCH_APIS = {
     "torch.distributed.checkpoint": "2.0", "torch.utils.checkpoint.checkpoint": "2.0",
     "torch._dynamo.utils.counters": "2.0", "torch._inductor.config": "2.0", "torch._functorch.config": "2.0",
     "torch.distributed.device_mesh.init_device_mesh": "2.2",
-    "torch.nn.attention.SDPBackend": "2.3", "torch.nn.attention.sdpa_kernel": "2.3",
+    "torch.overrides.TorchFunctionMode": "2.0", "torch.nn.attention.SDPBackend": "2.3", "torch.nn.attention.sdpa_kernel": "2.3",
     "torch.distributed.checkpoint.state_dict.get_model_state_dict": "2.3",
     "torch.distributed.checkpoint.state_dict.get_optimizer_state_dict": "2.3",
     "torch.distributed.checkpoint.state_dict.set_model_state_dict": "2.3",
