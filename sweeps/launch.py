@@ -20,7 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from common.datasource import DataSourceError, resolve_data_dir
-from sweeps import store
+from sweeps import cluster_gpus, store
 from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, workers_for
 from sweeps.layout_report import layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
@@ -73,6 +73,13 @@ def _report(problems: list[str]) -> int:
     """Print each problem on its own line to stderr; the exit status of a bad input (2)."""
     print("\n".join(f"calsweep: error: {problem}" for problem in problems), file=sys.stderr)
     return 2
+
+
+def with_gpu_memory(sweep: SweepConfig, address: str | None) -> tuple[SweepConfig, str]:
+    """The sweep with ``resources.gpu_memory_gb`` set (as configured, else from the GPUs of the cluster at
+    ``address`` or of this machine: ``sweeps.cluster_gpus``) and the line that says which GPUs it is planned for."""
+    memory, line = cluster_gpus.planned_memory(cluster_gpus.detect(address), sweep.resources.gpu_memory_gb)
+    return dataclasses.replace(sweep, resources=dataclasses.replace(sweep.resources, gpu_memory_gb=memory)), line
 
 
 def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
@@ -297,6 +304,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return _report(exc.problems)
     except DataSourceError as exc:
         return _report([str(exc)])
+    try:
+        sweep, gpus = with_gpu_memory(sweep, args.address)
+    except ConnectionError as exc:
+        return _report([f"--address {args.address!r}: {' '.join(str(exc).split())}"])
     checked = preflight(sweep)
     problems = checked.problems
     if checked.changed and (not args.rerun_changed or sweep.search.method == "optuna"):
@@ -313,7 +324,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         for point in sweep.trial_points():
             print(sweep.trial(point).trial_id)
         print(layout_table(sweep, sft_row_count(sweep)))
+        print(gpus)
         return 0
+    print(gpus, flush=True)
     try:
         with run_lock(sweep.results_dir, sweep.name):
             failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume),

@@ -37,8 +37,8 @@ def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
     trials = {f: sum(1 for p in sweep.trial_points() if p.family == f) for f in sweep.families}
     if sweep.search.method == "optuna":
         trials = {f: math.ceil(sweep.search.num_samples / len(sweep.families)) for f in sweep.families}
-    lines = [f"Layouts on {sweep.resources.gpu_memory_gb:g} GiB GPUs (trainable/layout.py; GPU-hours at the recorded "
-             f"MFU of each layout, 989 TFLOP/s bf16 peak):"]
+    lines = [f"Layouts on {sweep.resources.planned_gpu_memory_gb:g} GiB GPUs (trainable/layout.py; GPU-hours at the "
+             f"recorded MFU of each layout, 989 TFLOP/s bf16 peak):"]
     total, known = 0.0, True
     for family in sweep.families:
         layout, shape = sweep.layout(family), sweep.shape(family)
