@@ -22,7 +22,7 @@ import yaml
 from common.datasource import DataSourceError, resolve_data_dir
 from sweeps import cluster_gpus, store
 from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, workers_for
-from sweeps.layout_report import layout_table, sft_row_count
+from sweeps.layout_report import gpu_hours_line, layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
 from sweeps.run_lock import RunLockedError, run_lock
 from sweeps.driver import DRIVER_CPUS
@@ -240,6 +240,9 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
                                              for r in grid})
     retry_out_of_memory(sweep, param_space, callbacks)
     print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
+    hours = gpu_hours_line(sweep, store.read_trials(results_dir, sweep.name).to_pylist(), sft_row_count(sweep))
+    if hours:
+        print(hours, flush=True)
     print(f"\nResults: {results_dir}/trials (one row per trial), {results_dir}/questions (per question)", flush=True)
     statuses = store.trial_statuses(results_dir, sweep.name)
     unrecorded = sorted({sweep.trial(sweep.point(result.config)).trial_id for result in grid} - set(statuses))
