@@ -48,7 +48,8 @@ class GpuGroup:
 
 def gpu_groups(nodes: list[dict[str, Any]]) -> tuple[GpuGroup, ...]:
     """The GPUs of ``nodes`` (rows as ``ray.nodes()`` gives them; dead ones skipped) grouped by type, largest
-    count first."""
+    count first. A node declaring several types (Ray's ``A100`` and a hand-set ``A100-80G``) counts as the most
+    specific known one."""
     counts: dict[str | None, int] = {}
     for node in nodes:
         resources = node.get("Resources", {})
@@ -56,7 +57,7 @@ def gpu_groups(nodes: list[dict[str, Any]]) -> tuple[GpuGroup, ...]:
         if not node.get("Alive", True) or not gpus:
             continue
         types = [name[len(ACCELERATOR_PREFIX):] for name in resources if name.startswith(ACCELERATOR_PREFIX)]
-        gpu_type = types[0] if len(types) == 1 else None
+        gpu_type = max(types, key=lambda t: (t in GPU_MEMORY_GIB, len(t)), default=None)  # A100-80G over A100
         counts[gpu_type] = counts.get(gpu_type, 0) + gpus
     return tuple(GpuGroup(t, n) for t, n in sorted(counts.items(), key=lambda item: (-item[1], str(item[0]))))
 

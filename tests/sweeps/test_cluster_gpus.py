@@ -93,3 +93,16 @@ def test_a_gpu_memory_of_no_gib_is_refused_in_one_line(value):
         load_sweep(TINY, assignments=[f"resources.gpu_memory_gb={value}"])
     assert error.value.problems == [f"override 'resources.gpu_memory_gb={value}': resources.gpu_memory_gb: expected "
                                     f"GiB per GPU > 0, or null to detect it, got {value!r}"]
+
+
+def test_a_hand_set_a100_size_beats_rays_a100(cluster):
+    a100 = cluster.add_node(num_cpus=1, num_gpus=4, resources={"accelerator_type:A100": 1,
+                                                               "accelerator_type:A100-80G": 1})
+    cluster.wait_for_nodes()
+    try:
+        sweep, line = with_gpu_memory(load_sweep(TINY), cluster.address)
+    finally:
+        cluster.remove_node(a100)
+    assert sweep.resources.gpu_memory_gb == 79.1
+    assert line.startswith("GPUs: 8 x H100 (79.6 GiB), 4 x A100-80G (79.1 GiB); planned for 79.1 GiB; GPUs of "
+                           "different memory")
