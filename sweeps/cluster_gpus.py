@@ -17,9 +17,9 @@ from typing import Any
 
 ACCELERATOR_PREFIX = "accelerator_type:"  # Ray's resource of a node's GPU type (ray.util.accelerators names)
 NO_GPU_MEMORY_GB = 80.0  # what layouts are planned for where no GPU of known type is seen
-# GiB that PyTorch reports for a card of each Ray accelerator type (H100 and H200 as measured for this project;
-# the others NVIDIA's size less the driver's reserve, rounded down). Ray names both A100s 'A100' (the -40G and
-# -80G types are set by hand): it is planned as the smaller.
+# GiB that PyTorch reports for a card of each Ray accelerator type: H100 and H200 as measured for this project, the
+# others estimated from NVIDIA's sizes less the driver's reserve and rounded down (resources.gpu_memory_gb gives
+# the exact figure). Ray names both A100s 'A100' (the -40G and -80G types are set by hand): planned as the smaller.
 GPU_MEMORY_GIB = {
     "H100": 79.6, "H200": 139.8, "A100": 39.4, "A100-40G": 39.4, "A100-80G": 79.1, "L4": 21.9, "L40S": 44.3,
     "A10G": 21.9, "T4": 14.7, "V100": 15.7,
