@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from common.config import ConfigError, build, suggest
+from sweeps.cluster_gpus import NO_GPU_MEMORY_GB
 from trainable.config import (CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, check_label_smoothing,
                               check_learning_rate, preferred_engine)
 from trainable.layout import (GIB, Layout, ModelShape, layout_engine, model_shape, plan_layout, planned_stage,
@@ -39,7 +40,9 @@ class ResourcesConfig:
 
     workers_per_trial: int | str | None = "auto"  # GPUs (workers) per trial; auto (or null): the cheapest that fit
     max_workers_per_trial: int = 8  # auto: at most this many GPUs per trial (one node of 8)
-    gpu_memory_gb: float = 80.0  # GiB per GPU, for the layout's memory model (an H100 shows 79.6, an H200 139.8)
+    # GiB per GPU, for the layout's memory model (an H100 shows 79.6, an H200 139.8)
+    # null: the least of the cluster's GPUs, by their Ray accelerator type (sweeps.cluster_gpus); 80 with no GPU
+    gpu_memory_gb: float | None = None
     cpus_per_worker: float | None = None  # null: the cluster's CPUs shared among concurrent trials' workers
     # null: 1 when the cluster has GPUs, else 0; a fraction packs small trials; auto: from a one-step memory probe
     gpus_per_worker: float | str | None = None
@@ -51,6 +54,12 @@ class ResourcesConfig:
     # one-worker trials run in Tune actors kept warm across trials (sweeps.warm_trial); false: a Ray Train worker
     # group of one per trial, started and stopped with it
     warm_trials: bool = True
+
+    @property
+    def planned_gpu_memory_gb(self) -> float:
+        """The GiB per GPU layouts are planned for: ``gpu_memory_gb``, or ``NO_GPU_MEMORY_GB`` before the launcher
+        has set it from the cluster (``sweeps.cluster_gpus``)."""
+        return self.gpu_memory_gb or NO_GPU_MEMORY_GB
 
 
 @dataclass(frozen=True)
@@ -221,7 +230,7 @@ def _planned(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, f
     workers = resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else None
     return _plan(family, custom_key, train.pack_length or sft.max_seq_len,
                  train.micro_batch_size * train.gradient_accumulation_steps * (workers or 1), train.micro_batch_size,
-                 resources.gpu_memory_gb, workers, resources.max_workers_per_trial,
+                 resources.planned_gpu_memory_gb, workers, resources.max_workers_per_trial,
                  planned_stage(train.engine, train.zero_stage),
                  None if train.activation_checkpointing == "auto" else train.activation_checkpointing,
                  preferred_engine(train))
@@ -322,6 +331,9 @@ def _check_sweep(config: SweepConfig) -> list[str]:
     if config.resources.max_workers_per_trial < 1:
         problems.append(f"resources.max_workers_per_trial: expected an integer >= 1, got "
                         f"{config.resources.max_workers_per_trial!r}")
+    memory = config.resources.gpu_memory_gb
+    if memory is not None and not memory > 0:
+        problems.append(f"resources.gpu_memory_gb: expected GiB per GPU > 0, or null to detect it, got {memory!r}")
     if config.resources.probe_margin < 1:
         problems.append(f"resources.probe_margin: expected a number >= 1, got {config.resources.probe_margin!r}")
     memory = config.resources.gpu_memory_gb

@@ -20,9 +20,9 @@ from typing import Any, Callable
 import yaml
 
 from common.datasource import DataSourceError, resolve_data_dir
-from sweeps import store
+from sweeps import cluster_gpus, store
 from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, workers_for
-from sweeps.layout_report import layout_table, sft_row_count
+from sweeps.layout_report import gpu_hours_line, layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
 from sweeps.run_lock import RunLockedError, run_lock
 from sweeps.driver import DRIVER_CPUS
@@ -73,6 +73,13 @@ def _report(problems: list[str]) -> int:
     """Print each problem on its own line to stderr; the exit status of a bad input (2)."""
     print("\n".join(f"calsweep: error: {problem}" for problem in problems), file=sys.stderr)
     return 2
+
+
+def with_gpu_memory(sweep: SweepConfig, address: str | None) -> tuple[SweepConfig, str]:
+    """The sweep with ``resources.gpu_memory_gb`` set (as configured, else from the GPUs of the cluster at
+    ``address`` or of this machine: ``sweeps.cluster_gpus``) and the line that says which GPUs it is planned for."""
+    memory, line = cluster_gpus.planned_memory(cluster_gpus.detect(address), sweep.resources.gpu_memory_gb)
+    return dataclasses.replace(sweep, resources=dataclasses.replace(sweep.resources, gpu_memory_gb=memory)), line
 
 
 def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
@@ -233,6 +240,9 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
                                              for r in grid})
     retry_out_of_memory(sweep, param_space, callbacks)
     print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
+    hours = gpu_hours_line(sweep, store.read_trials(results_dir, sweep.name).to_pylist(), sft_row_count(sweep))
+    if hours:
+        print(hours, flush=True)
     print(f"\nResults: {results_dir}/trials (one row per trial), {results_dir}/questions (per question)", flush=True)
     statuses = store.trial_statuses(results_dir, sweep.name)
     unrecorded = sorted({sweep.trial(sweep.point(result.config)).trial_id for result in grid} - set(statuses))
@@ -297,6 +307,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return _report(exc.problems)
     except DataSourceError as exc:
         return _report([str(exc)])
+    try:
+        sweep, gpus = with_gpu_memory(sweep, args.address)
+    except ConnectionError as exc:
+        return _report([f"--address {args.address!r}: {' '.join(str(exc).split())}"])
     checked = preflight(sweep)
     problems = checked.problems
     if checked.changed and (not args.rerun_changed or sweep.search.method == "optuna"):
@@ -313,7 +327,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         for point in sweep.trial_points():
             print(sweep.trial(point).trial_id)
         print(layout_table(sweep, sft_row_count(sweep)))
+        print(gpus)
         return 0
+    print(gpus, flush=True)
     try:
         with run_lock(sweep.results_dir, sweep.name):
             failed = run_sweep(sweep, args.address, args.dashboard, resume=bool(args.resume),

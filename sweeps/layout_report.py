@@ -1,10 +1,12 @@
 """What ``--dry-run`` says of each family's layout: GPUs, ZeRO stage, micro-batch, recomputed layers, the memory
 model's peak per GPU and the sweep's predicted GPU-hours (``trainable.layout.gpu_hours``: the trials' tokens x
-FLOPs per token at the MFU recorded for the layout)."""
+FLOPs per token at the MFU recorded for the layout); and what the end of a sweep says of them: the predicted
+GPU-hours beside the measured ones (``gpu_hours_line``)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from sweeps.config import SweepConfig
 
@@ -29,16 +31,30 @@ def sft_row_count(sweep: SweepConfig) -> int | None:
     return len(load_conversations(sweep.sft, sweep.data_dir))
 
 
-def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
-    """One line per family and a total: layout, predicted peak GiB per GPU, trials, GPU-hours."""
+def family_trials(sweep: SweepConfig) -> dict[str, int]:
+    """Trials planned per family: its grid points, or a study's samples shared evenly among the families."""
+    if sweep.search.method == "optuna":
+        return {f: math.ceil(sweep.search.num_samples / len(sweep.families)) for f in sweep.families}
+    return {f: sum(1 for p in sweep.trial_points() if p.family == f) for f in sweep.families}
+
+
+def family_gpu_hours(sweep: SweepConfig, family: str, sft_rows: int | None) -> float | None:
+    """Predicted GPU-hours of the family's planned trials, each run to its end; None without a readable shape, a
+    fitting layout or known steps."""
     from trainable.layout import gpu_hours
 
+    shape, tokens = sweep.shape(family), trial_tokens(sweep, family, sft_rows)
+    if shape is None or tokens is None or sweep.layout_problem(family):
+        return None
     seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
-    trials = {f: sum(1 for p in sweep.trial_points() if p.family == f) for f in sweep.families}
-    if sweep.search.method == "optuna":
-        trials = {f: math.ceil(sweep.search.num_samples / len(sweep.families)) for f in sweep.families}
-    lines = [f"Layouts on {sweep.resources.gpu_memory_gb:g} GiB GPUs (trainable/layout.py; GPU-hours at the recorded "
-             f"MFU of each layout, 989 TFLOP/s bf16 peak):"]
+    return family_trials(sweep)[family] * gpu_hours(shape, sweep.layout(family), tokens, seq_len)
+
+
+def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
+    """One line per family and a total: layout, predicted peak GiB per GPU, trials, GPU-hours."""
+    trials = family_trials(sweep)
+    lines = [f"Layouts on {sweep.resources.planned_gpu_memory_gb:g} GiB GPUs (trainable/layout.py; "
+             f"GPU-hours at the recorded MFU of each layout, 989 TFLOP/s bf16 peak):"]
     total, known = 0.0, True
     for family in sweep.families:
         layout, shape = sweep.layout(family), sweep.shape(family)
@@ -48,8 +64,7 @@ def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
             lines.append(f"  {family}: {layout.describe()} as configured; {why}")
             known = False
             continue
-        tokens = trial_tokens(sweep, family, sft_rows)
-        hours = None if tokens is None else trials[family] * gpu_hours(shape, layout, tokens, seq_len)
+        hours = family_gpu_hours(sweep, family, sft_rows)
         total += hours or 0.0
         known = known and hours is not None
         cost = f"{hours:.3g} GPU-hours" if hours is not None else "GPU-hours unknown (steps unknown)"
@@ -57,3 +72,25 @@ def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
                      f"per GPU; {trials[family]} trial(s), {cost}")
     lines.append(f"  sweep: {total:.3g} GPU-hours" + ("" if known else " for the families above that are known"))
     return "\n".join(lines)
+
+
+def measured_gpu_hours(sweep: SweepConfig, rows: list[dict[str, Any]]) -> float:
+    """GPU-hours the stored trials held: each row's wall time (``started_at`` to ``finished_at``, its stored
+    attempt) x its workers (``world_size``, else its family's layout's) x ``resources.gpus_per_worker``."""
+    held = 0.0
+    for row in rows:
+        workers = row.get("world_size") or sweep.layout(row["family"]).workers
+        seconds = (row["finished_at"] - row["started_at"]).total_seconds()
+        held += seconds * workers * float(sweep.resources.gpus_per_worker or 0)
+    return held / 3600
+
+
+def gpu_hours_line(sweep: SweepConfig, rows: list[dict[str, Any]], sft_rows: int | None) -> str | None:
+    """The end of a sweep's line: predicted GPU-hours (the dry run's) beside those its stored ``rows`` held; None
+    for a sweep on CPUs (``resources.gpus_per_worker`` 0, as the launcher resolved it)."""
+    if not sweep.resources.gpus_per_worker:
+        return None
+    hours = [family_gpu_hours(sweep, family, sft_rows) for family in sweep.families]
+    predicted = "unknown" if None in hours else f"{sum(hours):.3g}"
+    return (f"GPU-hours: {predicted} predicted (trainable.layout.gpu_hours, every planned trial to its end), "
+            f"{measured_gpu_hours(sweep, rows):.3g} measured ({len(rows)} stored trial(s): wall time x GPUs held)")

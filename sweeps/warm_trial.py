@@ -59,6 +59,20 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
+def cap_threads(sweep: SweepConfig) -> None:
+    """This actor's CPU threads as a Ray Train worker of the trial gets them (``sweeps.driver.worker_env``: Tune
+    starts the actor with the job's environment, not the workers'): torch's intra-op threads, and Inductor's compile
+    workers, read when its pool starts at the actor's first compile. Call before the trial compiles anything."""
+    import torch
+    import torch._inductor.config
+
+    from sweeps.driver import worker_env
+
+    env = worker_env(sweep)
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    torch._inductor.config.compile_threads = int(env["TORCHINDUCTOR_COMPILE_THREADS"])
+
+
 def process_group(device: torch.device) -> None:
     """A torch.distributed group of this one process (gloo on the CPU, NCCL on CUDA) on an in-memory store: no port
     to race for. A warm actor's first trial makes it and its later trials keep it; the GPU memory probe makes one too."""
@@ -93,7 +107,7 @@ def _run_here(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: s
     from trainable.worker import LiveMetrics, run_trial
 
     device = _device()
-    torch.set_num_threads(max(1, round(sweep.resources.cpus_per_worker or 1)))  # a Ray Train worker's OMP_NUM_THREADS
+    cap_threads(sweep)
     process_group(device)
     gauges = LiveMetrics(trial.trial_id)
 

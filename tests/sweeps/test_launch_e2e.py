@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from sweeps import store
 
@@ -47,6 +48,8 @@ def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
     first = _run_until_first_trial_done_then_kill(tmp_path, data_dir)
     assert "[calsweep 1/2] done" in first, first[-3000:]
     assert "TrainingReport(" not in first and "row/s]" not in first  # workers' output only with --verbose
+    if not torch.cuda.is_available():  # layouts planned as before detection; the run's sweep.yaml keeps the value
+        assert "no GPUs detected: planned for 80 GiB GPUs" in first, first[-3000:]
     before = {r["trial_id"]: r for r in store.read_trials(str(tmp_path), "tiny").to_pylist() if r["status"] == "ok"}
     assert len(before) >= 1
 
@@ -54,6 +57,8 @@ def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
                          timeout=900, env=_env(data_dir))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert re.search(r"^Ray dashboard: http://127\.0\.0\.1:\d+$", out.stdout, re.M), out.stdout[:2000]
+    if not torch.cuda.is_available():  # a CPU sweep has no GPU-hours to report
+        assert "planned for 80 GiB (resources.gpu_memory_gb)" in out.stdout and "GPU-hours" not in out.stdout
     rows = store.read_trials(str(tmp_path), "tiny").to_pylist()
     for row in rows:  # finished trials were not run again
         if row["trial_id"] in before:

@@ -1,13 +1,17 @@
-"""What the launcher says of layouts: the dry run's table (GPU-hours from tokens) and the GPU probe's check."""
+"""What the launcher says of layouts: the dry run's table (GPU-hours from tokens), the GPU probe's check, and the
+end of a sweep's predicted and measured GPU-hours (from a store written by hand)."""
 
+import datetime as dt
 from pathlib import Path
 
 import pytest
 
+from sweeps import store
 from sweeps.config import load_sweep
-from sweeps.layout_report import layout_table, trial_tokens
+from sweeps.layout_report import gpu_hours_line, layout_table, trial_tokens
 from sweeps.gpu_sharing import layout_check
 
+TINY = Path(__file__).with_name("tiny_sweep.yaml")
 PAPER = Path(__file__).resolve().parents[2] / "sweeps" / "configs" / "paper_alpaca.yaml"
 
 
@@ -36,3 +40,21 @@ def test_probe_peak_is_checked_against_the_layout():
     assert layout_check(sweep, "llama-3.2-1b", 0.95 * predicted).endswith("(-5%)")
     assert layout_check(sweep, "llama-3.2-1b", 1.2 * predicted).endswith("by more than 10%")
     assert "not one GPU's" in layout_check(sweep, "llama-3.1-8b", 1.0)
+
+
+def test_the_end_of_a_sweep_puts_measured_gpu_hours_beside_the_predicted(tmp_path):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)}, ["resources.gpus_per_worker=0.5"])
+    start = dt.datetime(2026, 11, 27, 12, tzinfo=dt.timezone.utc)
+    first, second = (sweep.trial(point) for point in sweep.trial_points())
+    # an ok trial of 2 workers for 45 minutes, a failed one (no world size: its layout's 1 worker) for an hour
+    for trial, status, world_size, minutes in ((first, "ok", 2, 45), (second, "failed", None, 60)):
+        store.write_trial(str(tmp_path), {"run_name": sweep.name, "trial_id": trial.trial_id, "status": status,
+                                          "family": trial.family, "world_size": world_size, "started_at": start,
+                                          "finished_at": start + dt.timedelta(minutes=minutes)})
+    rows = store.read_trials(str(tmp_path), sweep.name).to_pylist()
+    predicted = layout_table(sweep).splitlines()[-1].split("sweep: ")[1].split()[0]  # what the dry run said
+    assert gpu_hours_line(sweep, rows, None) == (
+        f"GPU-hours: {predicted} predicted (trainable.layout.gpu_hours, every planned trial to its end), 1.25 "
+        f"measured (2 stored trial(s): wall time x GPUs held)")  # (0.75 h x 2 + 1 h x 1) x 0.5 GPU
+    cpu = load_sweep(TINY, {"results_dir": str(tmp_path)}, ["resources.gpus_per_worker=0"])
+    assert gpu_hours_line(cpu, rows, None) is None
