@@ -331,15 +331,11 @@ def _check_sweep(config: SweepConfig) -> list[str]:
     if config.resources.max_workers_per_trial < 1:
         problems.append(f"resources.max_workers_per_trial: expected an integer >= 1, got "
                         f"{config.resources.max_workers_per_trial!r}")
-    memory = config.resources.gpu_memory_gb
-    if memory is not None and not memory > 0:
-        problems.append(f"resources.gpu_memory_gb: expected GiB per GPU > 0, or null to detect it, got {memory!r}")
     if config.resources.probe_margin < 1:
         problems.append(f"resources.probe_margin: expected a number >= 1, got {config.resources.probe_margin!r}")
     memory = config.resources.gpu_memory_gb
     if memory is not None and not (memory > 0 and math.isfinite(memory)):
-        problems.append(f"resources.gpu_memory_gb: expected the GiB of one GPU, a number > 0 (e.g. 80 for an H100), "
-                        f"got {memory!r}")
+        problems.append(f"resources.gpu_memory_gb: expected GiB per GPU > 0, or null to detect it, got {memory!r}")
     if config.resources.max_failures < -1:
         problems.append(f"resources.max_failures: expected an integer >= 0 (retries of a failed trial) or -1 (retry "
                         f"without end), got {config.resources.max_failures!r}")

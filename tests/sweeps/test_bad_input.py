@@ -69,7 +69,7 @@ def test_a_gpu_memory_of_nothing_is_refused_naming_the_key_not_the_layout(memory
     with pytest.raises(ConfigError) as error:
         load_sweep(TINY, assignments=[f"resources.gpu_memory_gb={memory}"])
     assert error.value.problems == [f"override 'resources.gpu_memory_gb={memory}': resources.gpu_memory_gb: expected "
-                                    f"the GiB of one GPU, a number > 0 (e.g. 80 for an H100), got "
+                                    f"GiB per GPU > 0, or null to detect it, got "
                                     f"{float(memory.replace('.inf', 'inf'))!r}"]
     assert load_sweep(TINY, assignments=["resources.gpu_memory_gb=40"]).resources.gpu_memory_gb == 40.0
 
