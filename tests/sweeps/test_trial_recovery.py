@@ -211,3 +211,23 @@ def test_chaos_sweep_ends_with_one_ok_row_per_trial(tmp_path, data_dir, one_rank
     written = analyze(str(results), parse_filter("run=chaos"), tmp_path / "analysis", n_boot=20)
     table = (tmp_path / "analysis" / "table1.csv").read_text()
     assert written and "tiny-llama" in table
+
+
+@pytest.mark.slow
+def test_a_store_that_cannot_be_written_is_said_as_such(tmp_path, data_dir):
+    """The trial trains, but its row's place in the store is taken (a folder: a chmod would not stop root): its
+    retry and its FAILED line say the store could not be written, naming the store's folder, and the sweep fails."""
+    results = tmp_path / "results"
+    settings = ["label_smoothing=[0.1]", "eval.tasks=[]", "resources.max_failures=1"]
+    sweep = load_sweep(CONFIG, {"results_dir": str(results), "data_dir": data_dir}, settings)
+    trial_id = sweep.trial(sweep.trial_points()[0]).trial_id
+    blocker = results / "trials" / f"{store.file_stem('tiny', trial_id)}.parquet"
+    blocker.mkdir(parents=True)
+    (blocker / ".keep").write_text("")
+    out = subprocess.run(_launch(results, "--config", str(CONFIG), *settings), capture_output=True,
+                         text=True, timeout=600, env=_env(data_dir))
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    said = f"StoreWriteError: results store {results}/trials: could not write {blocker.name} (Is a directory)"
+    assert f"retrying {trial_id} (its row could not be written: sweeps.store.{said}" in out.stdout, out.stdout[-3000:]
+    assert f"FAILED {trial_id}: sweeps.store.{said}" in out.stdout, out.stdout[-3000:]
+    assert "ended by Tune before it ran" not in out.stdout and ".tmp" not in out.stdout, out.stdout[-3000:]
