@@ -159,7 +159,7 @@ def trial_driver(params: dict[str, Any]) -> None:
         else:
             metrics = _fit(sweep, trial, params["storage_path"], name)
         row = trial_row(sweep, params, metrics, "ok", None, started, params["provenance"])
-    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then surfaced to Tune
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then raised for a retry or reported failed
         from trainable.trial_memory import out_of_memory_peak_gib
 
         error = failures.one_line(exc)

@@ -15,6 +15,7 @@ shared GPU, a store that could not be written), from the trial's last checkpoint
 from __future__ import annotations
 
 import builtins
+import re
 from typing import Any
 
 from sweeps.gpu_sharing import out_of_memory
@@ -23,6 +24,7 @@ FAILED_PHASE = "failed"  # the last report of a trial ended without raising: its
 RECURRING = (ValueError, TypeError, KeyError, IndexError, NotImplementedError)
 NON_FINITE_LOSS = "trainable.worker.NonFiniteLossError"  # by name: the driver does not import the worker
 
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)(\(\w+\))?: ")  # a traceback's last line
 _LAYOUT = ("world_size", "engine", "zero_stage", "micro_batch_size", "gradient_accumulation_steps",
            "activation_checkpointing")
 
@@ -52,12 +54,9 @@ def type_name(error: BaseException) -> str:
 def one_line(error: BaseException) -> str:
     """The root error (``root_error``) as 'Type: message' on one line. A root error whose message carries a remote
     traceback (a Ray error from a worker whose exception was not kept) is its last 'SomeError: message' line."""
-    import re
-
     root = root_error(error)
     lines = [line.strip() for line in str(root).splitlines() if line.strip()]
-    raised = next((line for line in reversed(lines[1:])
-                   if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)(\(\w+\))?: ", line)), None)
+    raised = next((line for line in reversed(lines[1:]) if _ERROR_LINE.match(line)), None)
     if raised:
         return raised[:2000]
     return f"{type_name(root)}: {' '.join(' '.join(lines).split())}"[:2000]
