@@ -49,7 +49,8 @@ class ResourcesConfig:
     probe_margin: float = 1.3  # auto: the fraction asked is the probe's peak memory x this, over the GPU's memory
     max_concurrent_trials: int | None = None  # null: GPUs // gpus per trial (at least 1)
     # Ray Tune's retries of a failed or crashed trial (a worker, its driver or its node died) before it is recorded
-    # as failed; each resumes from the trial's last checkpoint; -1: retry without end (never recorded as failed)
+    # as failed; each resumes from the trial's last checkpoint; -1: retry without end (never recorded as failed). An
+    # error that recurs (bad input: sweeps.failures) is not retried
     max_failures: int = 1
     # one-worker trials run in Tune actors kept warm across trials (sweeps.warm_trial); false: a Ray Train worker
     # group of one per trial, started and stopped with it

@@ -4,8 +4,9 @@ Tune runs ``trial_driver(params)`` per grid point with ``trial_resources(params)
 ``resources.warm_trials``) runs in the Tune actor itself, which Tune keeps for the next trial
 (``sweeps.warm_trial``); any other follows the pattern of Ray Train V2 + Tune: the driver builds the trial's
 ``TorchTrainer`` (workers running ``trainable.worker.train_fn_per_worker``) and forwards worker reports to Tune
-(``TuneReportCallback``). Either way the driver writes the trial's row (ok, or failed with its error) to the
-results store; Tune's ``FailureConfig`` retries a failed trial (a Ray Train run gets no retries of its own). A
+(``TuneReportCallback``). Either way the driver writes the trial's row (ok, or failed with its root error and the
+layout it ran with) to the results store; Tune's ``FailureConfig`` retries a failed trial (a Ray Train run gets no
+retries of its own), unless its error recurs identically (``sweeps.failures``): that trial ends at once. A
 trial already stored as ok is not run again (resume) if its stored config matches the current one
 (``sweeps.fingerprint``); one from another config is refused, or re-run with ``rerun_changed``.
 The trial's checkpoints go to the results storage (the newest ``train.checkpoints_to_keep`` kept); a retried,
@@ -17,14 +18,13 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import os
-import re
 import socket
 from typing import Any
 
 from calibration.summary import metric_columns
-from sweeps import checkpoints, fingerprint, store, warm_trial
+from sweeps import checkpoints, failures, fingerprint, store, warm_trial
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
-from trainable.config import TrialConfig
+from trainable.config import TrialConfig, engine_for, resolved_stage
 from trainable.result import ENTROPY_STATS, scalar_columns
 
 DRIVER_CPUS = 0.001  # a Ray Train trial's Tune function only waits on its TorchTrainer
@@ -38,26 +38,41 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)(\(\w+\))?: ")
+def planned_layout(sweep: SweepConfig, trial: TrialConfig) -> dict[str, Any]:
+    """The layout columns of ``TrialResult`` as the trial's worker would fill them for the sweep's planned layout
+    (``SweepConfig.layout``, applied to ``trial.train``): world size, engine (``engine_for``), ZeRO stage, micro-batch,
+    accumulation, recomputed layers and ``trial_memory``'s predicted peak (None off CUDA or outside bf16). A family
+    whose shape cannot be read has None for recomputed layers and peak."""
+    import torch
 
+    from trainable.deepspeed_setup import resolve_precision
+    from trainable.recompute import checkpointed_count
+    from trainable.sequence_packing import trial_pack_width
+    from trainable.trial_memory import shape_phase_peaks_gib
 
-def one_line(error: BaseException) -> str:
-    """The innermost cause of an error as 'Type: message' on one line. An error whose message carries a remote
-    traceback (Ray's worker errors) is its last 'SomeError: message' line: the error raised in the worker."""
-    while error.__cause__ is not None or getattr(error, "__context__", None) is not None:
-        error = error.__cause__ or error.__context__
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    raised = next((line for line in reversed(lines[1:]) if _ERROR_LINE.match(line)), None)
-    if raised:
-        return raised[:2000]
-    return f"{type(error).__name__}: {' '.join(' '.join(lines).split())}"[:2000]
+    world_size = workers_for(sweep, trial.family)
+    device = "cuda" if sweep.resources.gpus_per_worker else "cpu"
+    engine = engine_for(trial.train, world_size, device)
+    stage = 3 if engine == "fsdp2" else resolved_stage(trial.train, world_size)
+    shape = sweep.shape(trial.family)
+    recomputed = None if shape is None else checkpointed_count(trial.train.activation_checkpointing, shape.layers)
+    width = trial_pack_width(trial.train, trial.sft.max_seq_len, device) or trial.sft.max_seq_len
+    peaks = None if shape is None else shape_phase_peaks_gib(
+        shape, trial, engine, stage, world_size, width, recomputed,
+        resolve_precision(trial.train.precision, torch.device(device)), device)
+    return {"world_size": world_size, "engine": engine, "zero_stage": stage,
+            "micro_batch_size": trial.train.micro_batch_size,
+            "gradient_accumulation_steps": trial.train.gradient_accumulation_steps,
+            "activation_checkpointing": recomputed,
+            "gpu_peak_predicted_gib": max(peaks.values()) if peaks else None}
 
 
 def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any], status: str,
               error: str | None, started: dt.datetime, provenance: dict[str, str]) -> dict[str, Any]:
     """One row of ``store.trial_schema()`` for a finished (or failed) trial: its identity and config, then the
-    ``TrialResult`` in ``metrics`` (absent fields null); a reported ``<task>_<metric>`` of one of the trial's tasks
-    whose metric is not in ``calibration.summary.TASK_METRICS`` is a ValueError."""
+    ``TrialResult`` in ``metrics`` (absent fields null), its layout columns, where ``metrics`` lacks them (a trial
+    that failed or was stopped before its final report), from ``planned_layout``; a reported ``<task>_<metric>`` of
+    one of the trial's tasks whose metric is not in ``calibration.summary.TASK_METRICS`` is a ValueError."""
     trial = sweep.trial(sweep.point(params))
     row: dict[str, Any] = {
         "run_name": sweep.name, "trial_id": trial.trial_id, "status": status, "error": error,
@@ -67,6 +82,8 @@ def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any
         "started_at": started, "finished_at": _now(), "hostname": socket.gethostname(), **provenance,
     }
     row.update({key: metrics.get(key) for key in scalar_columns() + ENTROPY_STATS})  # trainable.result.TrialResult
+    if metrics.get("world_size") is None:  # no final report: the layout it was to run with
+        row.update(planned_layout(sweep, trial))
     reported = {name for name in metrics if name.startswith(tuple(f"{task}_" for task in trial.eval.tasks))}
     unknown = sorted(reported - set(metric_columns(trial.eval.tasks)))
     if unknown:  # a metric the store has no column for fails the trial rather than vanish from its row
@@ -127,7 +144,8 @@ def needs_run(sweep: SweepConfig, trial: TrialConfig, rerun_changed: bool) -> bo
 
 
 def trial_driver(params: dict[str, Any]) -> None:
-    """Run one grid point (warm, or as a TorchTrainer); record ok/failed in the store; re-raise failures for Tune."""
+    """Run one grid point (warm, or as a TorchTrainer); record ok/failed in the store; re-raise failures for Tune,
+    but for one that recurs (``sweeps.failures.recurs``): that trial's last report is of phase ``FAILED_PHASE``."""
     import ray.tune
 
     os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", str(STOPPED_TRIAL_WAIT_S))  # read by this actor's reset
@@ -147,10 +165,17 @@ def trial_driver(params: dict[str, Any]) -> None:
         else:
             metrics = _fit(sweep, trial, params["storage_path"], name)
         row = trial_row(sweep, params, metrics, "ok", None, started, params["provenance"])
-    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then surfaced to Tune
-        store.write_trial(sweep.results_dir, trial_row(sweep, params, {}, "failed", one_line(exc), started,
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then raised for a retry or reported failed
+        from trainable.trial_memory import out_of_memory_peak_gib
+
+        error = failures.one_line(exc)
+        measured = {"gpu_peak_gib": out_of_memory_peak_gib(failures.root_error(exc))}
+        store.write_trial(sweep.results_dir, trial_row(sweep, params, measured, "failed", error, started,
                                                         params["provenance"]))
-        raise
+        if not failures.recurs(exc):
+            raise
+        ray.tune.report({"phase": failures.FAILED_PHASE, "error": error})  # Tune ends it: no retry
+        return
     store.write_trial(sweep.results_dir, row)
 
 

@@ -17,7 +17,7 @@ FRACTION_STEP = 8  # fractions are rounded up to eighths of a GPU
 
 
 def out_of_memory(error: str | None) -> bool:
-    """Whether a stored trial error (``driver.one_line``) is a GPU out-of-memory error."""
+    """Whether a stored trial error (``failures.one_line``) is a GPU out-of-memory error."""
     return bool(error) and any(marker in error for marker in OOM_MARKERS)
 
 

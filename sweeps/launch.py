@@ -172,7 +172,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
 
     from sweeps import search, tracking
     from sweeps.driver import trial_driver, trial_resources
-    from sweeps.progress import StoreRecorder, TrialProgress, settle_stopped
+    from sweeps.progress import StoreRecorder, TrialProgress, ended_failed, settle_stopped
     from common.provenance import git_revision, package_versions
 
     if not verbose:  # Tune's legacy console at verbose=0 prints nothing; its newer one still draws a table
@@ -236,8 +236,8 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     if not verbose:  # MLflow's own INFO lines (creating its tables) are no trial events
         logging.getLogger("mlflow").setLevel(logging.WARNING)
     grid = tuner.fit()
-    settle_stopped(results_dir, sweep.name, {sweep.trial(sweep.point(r.config)).trial_id: r.error is not None
-                                             for r in grid})
+    settle_stopped(results_dir, sweep.name, {sweep.trial(sweep.point(r.config)).trial_id:
+                                             ended_failed(r.error, r.metrics) for r in grid})
     retry_out_of_memory(sweep, param_space, callbacks)
     print("\n" + summary_table(results_dir, sweep.name, sweep.eval.tasks), flush=True)
     hours = gpu_hours_line(sweep, store.read_trials(results_dir, sweep.name).to_pylist(), sft_row_count(sweep))

@@ -8,6 +8,7 @@ from typing import Any
 
 from ray.tune import Callback
 
+from sweeps.failures import FAILED_PHASE, describe, retry_reason
 from trainable.result import TrialResult
 
 
@@ -114,6 +115,11 @@ class TrialProgress(Callback):
         if result.get("resumed_from_store"):
             self._say(f"skip {trial}: already stored ok with this config")
             return
+        if result.get("phase") == FAILED_PHASE:  # its driver ended it: the error recurs
+            self.durations.append(seconds)
+            self._say(f"FAILED {trial}: {self._stored_error(trial) or result.get('error')} (not retried: the same "
+                      f"input fails the same way)")
+            return
         self.durations.append(seconds)
         outcome = TrialResult.from_metrics(result)  # a stopped trial's last training report: its fields None
         parts = [f"{'done' if outcome.train_steps is not None else 'stopped early'} {trial} in {seconds:.0f} s",
@@ -126,17 +132,25 @@ class TrialProgress(Callback):
                   for task in self.sweep.eval.tasks if f"{task}_accuracy" in scored]
         self._say("  ".join(parts + [f"sweep ETA {self._eta(time.time())}"]))
 
-    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.fraction.pop(trial.trial_id, None)
-        self._say(f"retrying {trial} (its driver or node failed: {trial_error(trial)})")
-
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+    def _stored_row(self, trial: Any) -> dict[str, Any] | None:
+        """The trial's stored row: its driver's own, written before Tune heard of the failure."""
         from sweeps import store
 
-        self.durations.append(self._end(trial))
         trial_id = self.sweep.trial(self.sweep.point(trial.config)).trial_id
-        row = store.stored_trial(self.sweep.results_dir, self.sweep.name, trial_id)  # the driver's own line
-        error = row["error"] if row and row["status"] == "failed" and row["error"] else trial_error(trial)
+        return store.stored_trial(self.sweep.results_dir, self.sweep.name, trial_id)
+
+    def _stored_error(self, trial: Any) -> str | None:
+        """The driver's failed row as the console says it (``failures.describe``), None without one."""
+        row = self._stored_row(trial)
+        return describe(row) if row and row["status"] == "failed" and row["error"] else None
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.fraction.pop(trial.trial_id, None)
+        self._say(f"retrying {trial} ({retry_reason(self._stored_row(trial), trial_error(trial))})")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.durations.append(self._end(trial))
+        error = self._stored_error(trial) or trial_error(trial)
         where = f" (traceback under {trial.path})" if getattr(trial, "storage", None) and trial.path else ""
         self._say(f"FAILED {trial}: {error}{where}")
 
@@ -150,6 +164,7 @@ class StoreRecorder(Callback):
     def __init__(self, sweep: Any):
         self.sweep = sweep
         self.started: dict[str, Any] = {}
+        self.errored: set[str] = set()  # trials whose error event came: their row was written or its failure said
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         from sweeps.driver import _now
@@ -175,28 +190,41 @@ class StoreRecorder(Callback):
                   f"({' '.join(str(exc).split())[:300]}); `--resume {self.sweep.name}` runs it again", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        result = trial.last_result or {}
+        if result.get("phase") == FAILED_PHASE:  # its driver ended it failed (and stored that, unless it could not)
+            self._record(trial, "failed", result.get("error"))
+            return
         self._record(trial, "stopped", "stopped early by the scheduler", replaces=("failed",))
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.errored.add(trial.trial_id)
         self._record(trial, "failed", trial_error(trial))
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         """Store as 'failed' each trial Tune ended in error without running it (no error event: e.g. the reused actor
-        it was given could not be reset), so that no trial is lost unrecorded and ``--resume`` runs it."""
+        it was given could not be reset), so that no trial is lost unrecorded and ``--resume`` runs it. A trial
+        whose error event came is not one: its row was written then, or the store's failure said so."""
         from sweeps import store
 
         stored = store.trial_statuses(self.sweep.results_dir, self.sweep.name)
         for trial in trials:
+            if trial.trial_id in self.errored:
+                continue
             if trial.status == "ERROR" and self.sweep.trial(self.sweep.point(trial.config)).trial_id not in stored:
                 self._record(trial, "failed", trial_error(trial))
                 print(f"[calsweep] {trial}: ended by Tune before it ran ({trial_error(trial)}); stored as failed",
                       flush=True)
 
 
+def ended_failed(error: BaseException | None, metrics: dict[str, Any] | None) -> bool:
+    """Whether a trial's Tune result is a failure: an error, or its driver's last report of ``FAILED_PHASE``."""
+    return error is not None or (metrics or {}).get("phase") == FAILED_PHASE
+
+
 def settle_stopped(results_dir: str, run_name: str, errored: dict[str, bool]) -> list[str]:
-    """Store as 'stopped' each trial Tune ended without an error (``errored``: trial id -> whether Tune's trial
-    errored) whose row says 'failed': the scheduler stopped it and its driver, torn down with its workers, stored
-    that after ``StoreRecorder`` had looked. Returns the trial ids changed."""
+    """Store as 'stopped' each trial Tune ended without failing (``errored``: trial id -> ``ended_failed``) whose
+    row says 'failed': the scheduler stopped it and its driver, torn down with its workers, stored that after
+    ``StoreRecorder`` had looked. Returns the trial ids changed."""
     from sweeps import store
 
     changed = []

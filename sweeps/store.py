@@ -12,6 +12,7 @@ look; readers skip hidden files. Both tables are plain Parquet, readable by pand
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -91,16 +92,29 @@ def filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(root))
 
 
+class StoreWriteError(OSError):
+    """A file of the store could not be written; the message names the store's folder and why, not the hidden
+    temporary file the write went through."""
+
+
 def _atomic_write(table: pa.Table, root: str, table_name: str, file_stem: str) -> str:
-    """Write ``table`` to <root>/<table_name>/<file_stem>.parquet via a hidden temporary file and a move."""
+    """Write ``table`` to <root>/<table_name>/<file_stem>.parquet via a hidden temporary file and a move; a failure
+    (the temporary file removed) is a ``StoreWriteError``."""
     fs, base = filesystem(root)
     directory = f"{base}/{table_name}"
-    fs.create_dir(directory, recursive=True)
     final = f"{directory}/{file_stem}.parquet"
     temporary = f"{directory}/.{file_stem}.{uuid.uuid4().hex}.tmp"
-    with fs.open_output_stream(temporary) as sink:
-        pq.write_table(table, sink)
-    fs.move(temporary, final)
+    try:
+        fs.create_dir(directory, recursive=True)
+        with fs.open_output_stream(temporary) as sink:
+            pq.write_table(table, sink)
+        fs.move(temporary, final)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            fs.delete_file(temporary)
+        reason = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())[:200]
+        raise StoreWriteError(f"results store {directory}: could not write {file_stem}.parquet "
+                              f"({reason}); expected a writable folder") from exc
     return final
 
 

@@ -7,7 +7,8 @@ resumed sweep runs past step K, from its last checkpoint.
 
 With ``CALSWEEP_FAULT_OOM=1``, rank 0 of every trial raises a real ``torch.OutOfMemoryError`` before its DeepSpeed
 engine is built (where co-tenant trials on a shared GPU run it out of memory), once per trial (a marker file, as
-above): the launcher's retry of the trial alone then runs through.
+above): the launcher's retry of the trial alone then runs through. In a trial of several Ray Train workers it reaches
+the driver inside Ray Train's ``WorkerGroupError``, as a real one would.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ last ``open_rows`` rows with room, else starts a new row. An example longer than
 from __future__ import annotations
 
 import random
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -110,6 +110,19 @@ def pack_wanted(setting: bool | None, device: "torch.device") -> bool:
 def packed_width(max_seq_len: int, pack_length: int | None, pad_to_multiple: int) -> int:
     """Row width: ``pack_length`` if set, else ``max_seq_len`` rounded up to a multiple of ``pad_to_multiple``."""
     return pack_length or -(-max_seq_len // pad_to_multiple) * pad_to_multiple
+
+
+def pad_multiple(train: Any, device_type: str) -> int:
+    """Rows are padded to a multiple of this: ``train.pad_to_multiple``, else 64 on CUDA and 1 elsewhere."""
+    return train.pad_to_multiple or (64 if device_type == "cuda" else 1)
+
+
+def trial_pack_width(train: Any, max_seq_len: int, device_type: str) -> int | None:
+    """The packed row width a trial's ``train`` section gives on a ``device_type`` device, None where it does not
+    pack (rows are then at most ``max_seq_len`` tokens)."""
+    if not pack_wanted(train.pack, torch.device(device_type)):
+        return None
+    return packed_width(max_seq_len, train.pack_length, pad_multiple(train, device_type))
 
 
 def packed_causal_mask(position_ids: torch.Tensor, config) -> torch.Tensor | None:

@@ -3,13 +3,15 @@ the layout model's prediction of each (``trainable.layout.phase_peaks``), and th
 trial's end.
 
 So every GPU trial checks the memory model of every phase (its row is a record like the benchmark's), and a warm
-actor that keeps something of each trial shows as ``host_rss_gib`` growing from trial to trial.
+actor that keeps something of each trial shows as ``host_rss_gib`` growing from trial to trial. A trial that runs
+out of GPU memory carries its peak on the error (``peak_on_out_of_memory``), for its failed row.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 from typing import Any, Iterator
 
 import psutil
@@ -17,6 +19,9 @@ import torch
 
 from trainable.config import TrialConfig
 from trainable.layout import GIB, ModelShape, phase_peaks
+
+OOM_PEAK = "gpu_peak_gib"  # the attribute of an out-of-memory error that carries its rank's peak (GiB)
+_ALLOCATED = re.compile(r"([\d.]+) (GiB|MiB) is allocated by PyTorch")  # the CUDA caching allocator's message
 
 
 def reset_gpu_peak(device: torch.device) -> None:
@@ -65,12 +70,20 @@ def predicted_phase_peaks_gib(model_config: Any, params: int, trial: TrialConfig
     ``deepspeed_config`` set them, the export (``train.save_model``) and scoring forwards of ``eval.batch_tokens``
     (else ``eval.batch_size`` rows of ``seq_len``). None where the model does not apply: off CUDA, or in another
     precision than bf16."""
+    config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    return shape_phase_peaks_gib(ModelShape.from_config(config, params), trial, engine, zero_stage, world_size,
+                                 seq_len, checkpointed, precision, device.type)
+
+
+def shape_phase_peaks_gib(shape: ModelShape, trial: TrialConfig, engine: str, zero_stage: int, world_size: int,
+                          seq_len: int, checkpointed: int, precision: str,
+                          device_type: str) -> dict[str, float] | None:
+    """``predicted_phase_peaks_gib`` of a model ``shape`` on a ``device_type`` device: what a trial's row predicts,
+    from the loaded model or, for a trial that failed before it reported, from its family's shape."""
     from trainable.deepspeed_setup import deepspeed_config
 
-    if device.type != "cuda" or precision != "bf16":
+    if device_type != "cuda" or precision != "bf16":
         return None
-    config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    shape = ModelShape.from_config(config, params)
     train = trial.train
     zero = deepspeed_config(train, precision, world_size, shape.layer_params)["zero_optimization"]
     scoring = (trial.eval.batch_tokens or trial.eval.batch_size * seq_len) if trial.eval.tasks else 0
@@ -92,3 +105,24 @@ def phase_table(measured: dict[str, float], predicted: dict[str, float] | None) 
 def host_rss_gib() -> float:
     """This process's resident set (GiB)."""
     return psutil.Process().memory_info().rss / GIB
+
+
+@contextlib.contextmanager
+def peak_on_out_of_memory(device: torch.device) -> Iterator[None]:
+    """Run the block; a ``torch.OutOfMemoryError`` leaves it carrying this rank's allocator peak as its
+    ``gpu_peak_gib`` attribute (None on the CPU), which travels with it to Ray's driver (pickled)."""
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        setattr(error, OOM_PEAK, gpu_peak_gib(device))
+        raise
+
+
+def out_of_memory_peak_gib(error: BaseException) -> float | None:
+    """The measured GPU peak (GiB) of an out-of-memory error: the one ``peak_on_out_of_memory`` attached, else what
+    the allocator's message says PyTorch had allocated; None where neither says (the CPU)."""
+    attached = getattr(error, OOM_PEAK, None)
+    if attached is not None:
+        return attached
+    said = _ALLOCATED.search(str(error))
+    return None if said is None else float(said[1]) / (1 if said[2] == "GiB" else 1024)

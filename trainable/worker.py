@@ -40,7 +40,8 @@ from trainable.result import TrialResult
 from common.models import ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_cache_counts, prepare_node, ray_node_id
 from trainable.recompute import checkpointed_count, recomputed_layers
-from trainable.sequence_packing import iterate_packed_batches, pack_wanted, packed_row_count, packed_width
+from trainable.sequence_packing import (iterate_packed_batches, packed_row_count, pad_multiple,
+                                        trial_pack_width)
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
 from trainable.step_accounting import PendingLoss, StepClock, global_mean_loss, optimizer_step, warmup_step_count
 from trainable.throughput import model_flops_utilization, training_flops_per_token
@@ -137,22 +138,23 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
         return _report_finished(trial, resume_from, rank, report, writers)
     started = time.time()
     peaks = trial_memory.PhasePeaks(device)
-    setup = set_up(trial, device, rank, world_size, resume_from, peaks)
-    try:
-        with peaks.phase("train"):
-            trained = train(trial, setup, device, rank, world_size, report, report_checkpoint)
-        if isinstance(setup.engine, fsdp2_engine.Fsdp2Engine):
-            setup.engine.drop_optimizer_state()  # training is over: the export's and scoring's gathers need the room
-        with peaks.phase("export"):
-            model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model,
-                                    gather_for(setup.engine)) if trial.train.save_model else None
-        with peaks.phase("score"):
-            scored = score(trial, setup, device, rank, world_size, writers)
-        result = trial_result(trial, setup, trained, scored, device, world_size, model_path,
-                              time.time() - started, peaks)
-    finally:  # ZeRO's gradient hooks live in autograd's C++ nodes: until removed, the engine outlives the trial
-        # (FSDP2's engine frees its optimizer states)
-        setup.engine.destroy()
+    with trial_memory.peak_on_out_of_memory(device):  # an out-of-memory error carries this rank's peak
+        setup = set_up(trial, device, rank, world_size, resume_from, peaks)
+        try:
+            with peaks.phase("train"):
+                trained = train(trial, setup, device, rank, world_size, report, report_checkpoint)
+            if isinstance(setup.engine, fsdp2_engine.Fsdp2Engine):
+                setup.engine.drop_optimizer_state()  # training is over: the export's and scoring's gathers need room
+            with peaks.phase("export"):
+                model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model,
+                                        gather_for(setup.engine)) if trial.train.save_model else None
+            with peaks.phase("score"):
+                scored = score(trial, setup, device, rank, world_size, writers)
+            result = trial_result(trial, setup, trained, scored, device, world_size, model_path,
+                                  time.time() - started, peaks)
+        finally:  # ZeRO's gradient hooks live in autograd's C++ nodes: until removed, the engine outlives the
+            # trial (FSDP2's engine frees its optimizer states)
+            setup.engine.destroy()
     final = {"phase": "done", "step": setup.total_steps, "total_steps": setup.total_steps, **result.metrics()}
     if report_checkpoint is None:
         report(final)
@@ -222,9 +224,8 @@ def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int
     model = load_model(spec, seed=trial.seed, device=device, **_dropout_overrides(trial.train.dropout))
     facts = model_facts(model)
     examples, held_out = _sft_examples(trial, tokenizer)
-    pad_to = trial.train.pad_to_multiple or (64 if device.type == "cuda" else 1)
-    pack_width = (packed_width(trial.sft.max_seq_len, trial.train.pack_length, pad_to)
-                  if pack_wanted(trial.train.pack, device) else None)
+    pad_to = pad_multiple(trial.train, device.type)
+    pack_width = trial_pack_width(trial.train, trial.sft.max_seq_len, device.type)
     total_steps = _total_steps(trial, examples, pack_width, world_size)
     if resumed and resumed.total_steps != total_steps:
         raise ValueError(f"expected a checkpoint of a {total_steps}-step trial to resume, got one of "

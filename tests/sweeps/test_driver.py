@@ -1,34 +1,15 @@
-"""The driver's one-line error: the innermost cause, or for a Ray worker error the error raised in the worker; the
-trial row keeps every metric a trial reports and refuses one the store has no column for."""
+"""The driver's trial row: it keeps every metric a trial reports and refuses one the store has no column for; a row
+without the trial's final report (failed, stopped) keeps the layout the trial ran, or was to run, with."""
 
 import datetime as dt
 from pathlib import Path
 
 import pytest
-from ray.train import WorkerGroupError
 
 from sweeps.config import load_sweep
-from sweeps.driver import one_line, trial_row
+from sweeps.driver import trial_row
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
-
-
-def test_one_line_is_the_innermost_cause():
-    try:
-        try:
-            raise KeyError("tokenizer")
-        except KeyError as exc:
-            raise RuntimeError("loading\nfailed") from exc
-    except RuntimeError as exc:
-        assert one_line(exc) == "KeyError: 'tokenizer'"
-    assert one_line(ValueError("two\n  lines")) == "ValueError: two lines"
-
-
-def test_one_line_of_a_worker_group_error_is_the_workers_own_error():
-    error = WorkerGroupError("[Rank 0 Error Snippet]:\nTraceback (most recent call last):\n  File \"w.py\", line 3\n"
-                             "common.datasource.DataSourceError: missing /data/hellaswag/hellaswag_val.jsonl\n",
-                             {})
-    assert one_line(error) == "common.datasource.DataSourceError: missing /data/hellaswag/hellaswag_val.jsonl"
 
 
 def test_trial_row_keeps_every_task_metric_and_refuses_an_unknown_one(tmp_path):
@@ -39,3 +20,23 @@ def test_trial_row_keeps_every_task_metric_and_refuses_an_unknown_one(tmp_path):
     assert (row["arc_easy_ece"], row["arc_easy_lettered_ece"], row["arc_easy_lettered_ece_ats"]) == (0.1, 0.2, 0.3)
     with pytest.raises(ValueError, match=r"TASK_METRICS, got \['arc_easy_ece_bootstrap'\]"):
         trial_row(sweep, params, metrics | {"arc_easy_ece_bootstrap": 0.4}, "ok", None, now, {})
+
+
+@pytest.mark.parametrize("gpus, predicted", [(0, False), (1, True)], ids=["cpu", "gpu"])
+def test_a_failed_row_keeps_the_layout_it_was_to_run_with(tmp_path, gpus, predicted):
+    settings = ["resources.workers_per_trial=2", f"resources.gpus_per_worker={gpus}", "resources.gpu_memory_gb=80",
+                "train.pack=false", "train.precision=auto"]
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)}, settings)
+    params, now = sweep.trial_points()[0]._asdict(), dt.datetime.now(dt.timezone.utc)
+    row = trial_row(sweep, params, {}, "failed", "ValueError: bad", now, {})
+    layout = sweep.layout("tiny-llama")
+    assert (row["world_size"], row["engine"], row["zero_stage"], row["micro_batch_size"],
+            row["gradient_accumulation_steps"], row["activation_checkpointing"]) == (
+        2, "deepspeed", layout.zero_stage, layout.micro_batch_size, layout.gradient_accumulation_steps, 0)
+    if predicted:  # bf16 on CUDA: the planner's own prediction for the layout
+        assert row["gpu_peak_predicted_gib"] == pytest.approx(layout.peak_gib, rel=1e-12)
+    else:  # as an ok row on the CPU: no prediction
+        assert row["gpu_peak_predicted_gib"] is None
+    assert row["gpu_peak_gib"] is None  # measured: only what the trial reported
+    reported = trial_row(sweep, params, {"world_size": 1, "engine": "fsdp2", "zero_stage": 3}, "ok", None, now, {})
+    assert (reported["world_size"], reported["engine"], reported["micro_batch_size"]) == (1, "fsdp2", None)

@@ -8,7 +8,8 @@ from ray.tune.experiment import Trial
 
 from sweeps import store
 from sweeps.config import load_sweep
-from sweeps.progress import StoreRecorder, TrialProgress, sweep_eta
+from sweeps.failures import FAILED_PHASE
+from sweeps.progress import StoreRecorder, TrialProgress, ended_failed, settle_stopped, sweep_eta
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
 
@@ -108,11 +109,14 @@ def test_a_row_the_store_refuses_is_one_line_and_the_sweep_goes_on(tmp_path, cap
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"[calsweep] {trial_id}: its failed row could not be written")
     assert lines[0].endswith("`--resume tiny` runs it again")
+    assert f"results store {tmp_path}/trials: could not write" in lines[0] and ".tmp" not in lines[0]  # the folder
+    assert sorted(path.name for path in (tmp_path / "trials").iterdir()) == [blocker.name]  # no temporary left
+    trial.set_status(Trial.ERROR)
+    recorder.on_experiment_end([trial])  # it ran: no "ended by Tune before it ran", no second line
+    assert capsys.readouterr().out == ""
 
 
 def test_a_trial_tune_stopped_whose_driver_stored_failed_ends_stopped(tmp_path):
-    from sweeps.progress import settle_stopped
-
     rows = {"a": "failed", "b": "failed", "c": "ok"}
     for trial_id, status in rows.items():
         store.write_trial(str(tmp_path), {"run_name": "r", "trial_id": trial_id, "status": status,
@@ -133,3 +137,44 @@ def test_a_trial_tune_failed_before_it_ran_is_stored_failed(tmp_path, capsys):
     first, second = (sweep.trial(p).trial_id for p in sweep.trial_points())
     assert store.trial_statuses(str(tmp_path), sweep.name) == {first: "ok", second: "failed"}  # a stored row stays
     assert "ended by Tune before it ran" in capsys.readouterr().out
+
+
+def test_a_retried_out_of_memory_says_so_with_its_layout_and_peaks(tmp_path, capsys):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    trial = Trial("trainable", config=sweep.trial_points()[0]._asdict(), stub=True)
+    progress = TrialProgress(sweep, total=1)
+    progress.on_trial_start(0, [trial], trial)
+    progress.on_trial_recover(0, [trial], trial)  # no row: its driver died with its node
+    store.write_trial(str(tmp_path), {"run_name": sweep.name, "trial_id": sweep.trial(sweep.trial_points()[0]).trial_id,
+                                      "status": "failed", "error": "torch.OutOfMemoryError: CUDA out of memory.",
+                                      "world_size": 2, "engine": "deepspeed", "zero_stage": 2, "micro_batch_size": 2,
+                                      "gradient_accumulation_steps": 2, "activation_checkpointing": 0,
+                                      "gpu_peak_predicted_gib": 1.69, "gpu_peak_gib": None})
+    progress.on_trial_recover(0, [trial], trial)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (f"[calsweep 0/1] retrying {trial} (its driver or node failed: the trial's process ended "
+                        f"without recording a result)")
+    assert lines[2] == (f"[calsweep 0/1] retrying {trial} (out of GPU memory on 2 workers, ZeRO-2 (deepspeed), "
+                        f"micro-batch 2 x 2, 0 layers recomputed; peak planned 1.7 GiB, measured n/a: "
+                        f"torch.OutOfMemoryError: CUDA out of memory.)")
+
+
+def test_a_trial_its_driver_ended_failed_stays_failed_and_counts(tmp_path, capsys):
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    trial = Trial("trainable", config={**sweep.trial_points()[0]._asdict(), "provenance": {"git_rev": "abc"}},
+                  stub=True)
+    trial_id = sweep.trial(sweep.trial_points()[0]).trial_id
+    error = "ValueError: expected at least micro_batch_size=2 packed rows per rank, got 1"
+    progress, recorder = TrialProgress(sweep, total=1), StoreRecorder(sweep)
+    for callback in (progress, recorder):
+        callback.on_trial_start(0, [trial], trial)
+    store.write_trial(str(tmp_path), {"run_name": sweep.name, "trial_id": trial_id, "status": "failed",
+                                      "error": error})  # the driver's row
+    trial.update_last_result({"phase": FAILED_PHASE, "error": error})  # its last report; Tune completes the trial
+    for callback in (progress, recorder):
+        callback.on_trial_complete(0, [trial], trial)
+    assert capsys.readouterr().out.splitlines()[-1] == (f"[calsweep 1/1] FAILED {trial}: {error} (not retried: the "
+                                                        f"same input fails the same way)")
+    assert ended_failed(None, trial.last_result) and not ended_failed(None, {"phase": "done"})
+    assert settle_stopped(str(tmp_path), sweep.name, {trial_id: ended_failed(None, trial.last_result)}) == []
+    assert store.stored_trial(str(tmp_path), sweep.name, trial_id)["status"] == "failed"  # not "stopped"
