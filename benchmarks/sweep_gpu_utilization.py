@@ -25,8 +25,8 @@ per path:
   steady tokens/s per GPU (the store's ``tokens_per_s_steady`` over its ranks) against the benchmark row of the
   same shape and layout (``bench_sft_throughput.py``'s record of the same GPUs, engine, stage, micro-batch and
   accumulation; packed Alpaca rows first): from ``--bench JSON`` (a bench run on the same machine), or from
-  ``--bench-rows ROWS`` run here first (``--impls calsweep``, the sweep's sequence length); per family the
-  medians;
+  ``--bench-rows ROWS`` run here first (the trial loop as the trials run it, at the sweep's sequence length); per
+  family the medians;
 - the trials' compile warm-up (``wall_warmup_s``) and layouts;
 - per trial (``sweeps.overhead``, from the store's timestamps and the worker's wall times): overhead (time outside
   the trial's own load, training and scoring) and idle (overhead plus loading: previous trial's last scored
@@ -70,6 +70,8 @@ SHAPES = {"1b": "gpu", "8b": "gpu", "tiny": "cpu", "small": "cpu"}  # shape -> i
 FAMILY = "llama-"  # a shape's family in the sweep: llama-<shape>
 RUN = "gpu_utilization"
 BENCH_JSON = "bench_sft_throughput.json"  # --bench-rows' results, in the work folder
+# the bench's implementations that run what a trial on the device runs: compiled layers on CUDA, eager on the CPU
+TRIAL_LOOP = {"cuda": ("calsweep", "calsweep_fsdp2"), "cpu": ("calsweep_eager",)}
 
 
 def shapes_problem(shapes: list[str]) -> str | None:
@@ -146,10 +148,11 @@ def _layout_key(gpus: int, engine: str | None, stage: int | None, micro: int | N
 
 def bench_row(trial: dict, records: list[dict]) -> dict | None:
     """The benchmark record of ``trial``'s (a store row's) shape and layout, packed Alpaca before random tokens;
-    None without one. Records are ``bench_sft_throughput.py``'s trial-loop ones (``calsweep``, ``calsweep_fsdp2``)."""
+    None without one. Records are ``bench_sft_throughput.py``'s of the trial loop as it runs on the trial's device
+    (``TRIAL_LOOP``)."""
     key = _layout_key(trial["world_size"], trial["engine"], trial["zero_stage"], trial["micro_batch_size"],
                       trial["gradient_accumulation_steps"])
-    same = [r for r in records if "error" not in r and r.get("impl_id") in ("calsweep", "calsweep_fsdp2")
+    same = [r for r in records if "error" not in r and r.get("impl_id") in TRIAL_LOOP[trial["device"]]
             and FAMILY + r["shape"] == trial["family"]
             and _layout_key(r["gpus"], r.get("engine"), r.get("zero_stage"), r.get("micro_batch"),
                             r.get("accumulation")) == key]
@@ -380,14 +383,16 @@ def trial_table(path: str, summary: dict) -> str:
 
 
 def run_bench(args: argparse.Namespace, work: Path) -> Path:
-    """``bench_sft_throughput.py`` on ``args.bench_rows`` before the sweeps: the trial loop (``calsweep``) at the
-    sweep's sequence length, on this machine's GPUs (without any, a short run on the CPU); its JSON."""
+    """``bench_sft_throughput.py`` on ``args.bench_rows`` before the sweeps: the trial loop as the trials run it
+    (``TRIAL_LOOP``) at the sweep's sequence length, on this machine's GPUs (without any, a short run on the CPU);
+    its JSON."""
     sft, train = SETTINGS[SHAPES[args.shapes[0]]]
     out = work / BENCH_JSON
-    cpu = ["--cpu", "--steps", "3", "--warmup", "1"] if shutil.which("nvidia-smi") is None else []
+    on_cpu = shutil.which("nvidia-smi") is None
+    cpu = ["--cpu", "--steps", "3", "--warmup", "1"] if on_cpu else []
     work.mkdir(parents=True, exist_ok=True)
     bench = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sft_throughput.py"), "--rows",
-                            args.bench_rows, "--impls", "calsweep", "--seq-len",
+                            args.bench_rows, "--impls", TRIAL_LOOP["cpu" if on_cpu else "cuda"][0], "--seq-len",
                             str(train.get("pack_length") or sft["max_seq_len"]), "--tokenizer", args.tokenizer,
                             "--out", str(out), *cpu])
     if bench.returncode:

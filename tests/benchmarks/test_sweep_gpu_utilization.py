@@ -105,7 +105,7 @@ def _trial(trial_id: str, family: str, start: float, end: float, gpus: int, engi
            rate: float | None) -> dict:
     return {**_row(trial_id, start, end), "family": family, "world_size": gpus, "engine": engine,
             "zero_stage": stage, "micro_batch_size": micro, "gradient_accumulation_steps": 1,
-            "tokens_per_s_steady": rate}
+            "tokens_per_s_steady": rate, "device": "cuda"}
 
 
 def _record(row: str, engine: str, stage: int, micro: int, rate: float, impl: str = "calsweep") -> dict:
@@ -126,7 +126,7 @@ def test_a_mixed_grid_s_trials_each_against_the_row_of_their_shape_and_layout(tm
     records = [_record("8b:2:2:2:random", "deepspeed", 2, 2, 9000.0),
                _record("8b:2:2:2:alpaca", "deepspeed", 2, 2, 8500.0),
                _record("8b:2:auto:2:alpaca", "deepspeed", 2, 1, 1.0),  # another micro-batch
-               _record("8b:2:2:2:alpaca", "deepspeed", 2, 2, 1.0, impl="calsweep_eager"),  # not the trial loop's
+               _record("8b:2:2:2:alpaca", "deepspeed", 2, 2, 1.0, impl="calsweep_eager"),  # not compiled: a CPU's
                _record("1b:1:auto:4:alpaca", "fsdp2", 0, 4, 50000.0),  # FSDP2 on one GPU: planned at stage 0
                {"impl_id": "calsweep", "row": "1b:2:2:4:random", "shape": "1b", "gpus": 2, "error": "skipped"}]
     result = bench.summarise(tmp_path, [], records)
