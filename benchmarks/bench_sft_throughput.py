@@ -10,7 +10,8 @@ A row is ``shape:gpus:zero_stage:batch_per_gpu:data``; the defaults are issue 35
 sequences per step (batch x GPUs): stage, micro-batch x accumulation and recomputed layers, as a sweep trial
 would; ``--recompute K`` recomputes the first K decoder layers of the other rows and ``--micro-batch M`` splits
 their batch into micro-batches of M. Shapes: ``1b`` Llama-3.2-1B (1.24B params, vocab 128,256, tied), ``8b``
-Llama-3.1-8B (8.03B, untied); random init in bf16 on the GPU, SDPA attention, sequence ``--seq-len`` (2048).
+Llama-3.1-8B (8.03B, untied), ``tiny`` and ``small`` (2 and 4 layers of width 64 and 128, for the CPU); random
+init in bf16 on the GPU, SDPA attention, sequence ``--seq-len`` (2048).
 ``random``: one batch of random tokens, every token labelled. ``alpaca``: the project's SFT data path
 (``trainable.sft_data.build_sft_examples`` on Alpaca under ``--data-dir`` with the ``--tokenizer`` family or
 folder, loss on responses only) in packed rows of ``--seq-len`` tokens (``trainable.sequence_packing``), the same
@@ -56,6 +57,8 @@ SHAPES = {
                max_position_embeddings=8192, head_dim=64),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=512),
+    "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=512),
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0,
                max_position_embeddings=8192, head_dim=128),

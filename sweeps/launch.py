@@ -20,7 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from common.datasource import DataSourceError, resolve_data_dir
-from sweeps import cluster_gpus, store
+from sweeps import cluster_gpus, search, store
 from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, workers_for
 from sweeps.layout_report import gpu_hours_line, layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
@@ -100,7 +100,7 @@ def plan_resources(sweep: SweepConfig, cluster: dict[str, float],
     workers = min(workers_for(sweep, family) for family in sweep.families)
     # A restored Tune experiment starts the drivers of all its unfinished trials at once (max_concurrent_trials
     # holds only for new ones): their CPUs are set aside, so that the workers of one trial still fit.
-    drivers = DRIVER_CPUS * (len(sweep.trial_points()) if sweep.search.method == "grid" else sweep.search.num_samples)
+    drivers = DRIVER_CPUS * search.num_samples(sweep)
     if gpus_per_worker:
         concurrent = r.max_concurrent_trials or max(1, int(gpus_total / (gpus_per_worker * workers) + 1e-9))
         cpus_per_worker = r.cpus_per_worker or min(8.0, (cpus_total - drivers) / max(1, gpus_total))
@@ -170,7 +170,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     import ray
     from ray import tune
 
-    from sweeps import search, tracking
+    from sweeps import tracking
     from sweeps.driver import trial_driver, trial_resources
     from sweeps.progress import StoreRecorder, TrialProgress, ended_failed, settle_stopped
     from common.provenance import git_revision, package_versions
@@ -201,7 +201,8 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # tracking.callbacks chooses Tune's loggers
     if sweep.search.method == "optuna":  # progress reports carry no objective until the trial's final report
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
-    sweep = plan_resources(sweep, ray.cluster_resources())
+    cluster = ray.cluster_resources()
+    sweep = plan_resources(sweep, cluster)
     results_dir = sweep.results_dir
     if "://" not in results_dir:
         save_sweep(sweep)
@@ -220,12 +221,12 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
         tuner = tune.Tuner.restore(experiment, trainable, resume_unfinished=True, resume_errored=True,
                                    param_space=param_space)
     else:
-        n_trials = len(sweep.trial_points()) if sweep.search.method == "grid" else sweep.search.num_samples
+        n_trials = search.num_samples(sweep)
         tuner = tune.Tuner(
             trainable, param_space=param_space,
-            tune_config=tune.TuneConfig(
-                max_concurrent_trials=sweep.resources.max_concurrent_trials, num_samples=search.num_samples(sweep),
-                search_alg=search.search_algorithm(sweep), scheduler=search.scheduler(sweep),
+            tune_config=tune.TuneConfig(  # the search algorithm holds resources.max_concurrent_trials
+                num_samples=n_trials,
+                search_alg=search.search_algorithm(sweep, cluster.get("GPU", 0)), scheduler=search.scheduler(sweep),
                 trial_name_creator=_trial_name(sweep), trial_dirname_creator=_trial_name(sweep),
                 reuse_actors=True),  # a warm trial's actor (process, CUDA context, compiled graphs) serves the next
             # Tune restarts a trial whose driver died (its node lost): it resumes from its last checkpoint
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if sweep.search.method == "optuna":
             print(f"Optuna study {sweep.name!r} ({sweep.search.sampler}): {sweep.search.num_samples} trials this launch"
                   + (", the grid's points first:" if sweep.search.seed_with_grid else "; the grid's points:"))
-        for point in sweep.trial_points():
+        for point in search.trial_order(sweep):  # longest first (the launch fits one-GPU trials in around them)
             print(sweep.trial(point).trial_id)
         print(layout_table(sweep, sft_row_count(sweep)))
         print(gpus)

@@ -1,17 +1,31 @@
-"""What Ray Tune explores: the grid, or an Optuna study over the same ranges, and optional ASHA early stopping."""
+"""What Ray Tune explores: the grid, or an Optuna study over the same ranges, and optional ASHA early stopping.
+
+The grid reaches Tune as one point per trial in ``trial_order`` (the longest trials first, a one-GPU trial placed
+where it fills a GPU that a waiting multi-GPU trial cannot use), handed out by Tune's own ``BasicVariantGenerator``
+(``points_to_evaluate``), at most ``resources.max_concurrent_trials`` at once; Tune stays the scheduler. What Tune
+does with them (ray/tune/execution/tune_controller.py): ``TuneController._maybe_add_actors`` requests the resources
+of every pending trial handed out (up to ``TUNE_MAX_PENDING_TRIALS_PG``; for this generator at least 200) and
+``RayActorManager._try_start_actors`` starts whichever trial's resources are ready first, so no handed-out trial
+waits behind another. But a multi-GPU trial's Tune actor holds next to nothing (``sweeps.driver``): its GPUs are
+its Ray Train workers' placement group, which waits in Ray while the trial counts against the cap. In plain
+longest-first order, multi-GPU trials waiting for GPUs would fill the cap while one-GPU trials that fit the free
+GPUs were never handed out: hence the order.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import os
 from typing import Any
 
-from sweeps.config import SweepConfig
+from sweeps.config import SweepConfig, TrialPoint
 
 
 def search_space(sweep: SweepConfig) -> dict[str, Any]:
-    """Tune's space for (family, learning_rate, label_smoothing, seed): grid_search lists, or Optuna domains.
+    """Tune's space for (family, learning_rate, label_smoothing, seed): grid_search lists (the axes: each trial is
+    one of ``search_algorithm``'s points, which sets all four), or Optuna domains.
 
     Optuna: families categorical; a learning-rate list spans log-uniform [min, max]; a beta list uniform [min, max];
     a single value stays fixed; the seed is the sweep's one seed (``SweepConfig.point``).
@@ -27,6 +41,73 @@ def search_space(sweep: SweepConfig) -> dict[str, Any]:
     return {"family": tune.choice(list(sweep.families)),
             "learning_rate": tune.loguniform(min(lrs), max(lrs)) if len(set(lrs)) > 1 else lrs[0],
             "label_smoothing": tune.uniform(min(betas), max(betas)) if len(set(betas)) > 1 else betas[0]}
+
+
+def trial_hours(sweep: SweepConfig, family: str) -> float | None:
+    """Predicted wall-clock hours of one trial of ``family``: ``trainable.layout.gpu_hours`` of its tokens over its
+    layout's GPUs; None where the family's shape cannot be read. Without a known count of examples (epochs, no
+    ``sft.max_examples``) every family trains on the same examples, so one example's tokens rank them alike."""
+    from sweeps.layout_report import trial_tokens
+    from trainable.layout import gpu_hours
+
+    shape, layout = sweep.shape(family), sweep.layout(family)
+    if shape is None:
+        return None
+    seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
+    tokens = trial_tokens(sweep, family, None) or float(sweep.train.epochs * seq_len)
+    return gpu_hours(shape, layout, tokens, seq_len) / layout.workers
+
+
+def trial_order(sweep: SweepConfig, gpus: float = 0) -> list[TrialPoint]:
+    """The grid's points in the order Tune is to hand them out. By priority the longest trials first
+    (``trial_hours``; equal ones with more GPUs first; families of unknown length last; then the grid's order,
+    ``trial_points``); without the cluster's ``gpus`` (0, or a dry run), in that order.
+
+    With ``gpus`` (and ``resources.gpus_per_worker`` set), Tune's hand-out is simulated (``_hand_out``): whenever
+    fewer than ``resources.max_concurrent_trials`` trials are out, the next is the first by priority that fits the
+    GPUs free then, else the first by priority (it waits, first in line). So a one-GPU trial fills a GPU that a
+    waiting multi-GPU trial cannot use, and no one-GPU trial is handed out to take the GPUs of a multi-GPU trial
+    whose Ray Train workers are still starting (their request reaches Ray seconds after the trial starts)."""
+    hours = {family: trial_hours(sweep, family) for family in sweep.families}
+    per_worker = sweep.resources.gpus_per_worker
+    per_worker = per_worker if isinstance(per_worker, float | int) else 0  # "auto" until the launcher's probe
+    width = {family: sweep.layout(family).workers * per_worker for family in sweep.families}
+    priority = sorted(sweep.trial_points(), key=lambda p: (hours[p.family] is None, -(hours[p.family] or 0.0),
+                                                           -width[p.family]))
+    if not gpus or not per_worker:
+        return priority
+    cap = sweep.resources.max_concurrent_trials or len(priority)
+    return _hand_out(priority, width, {f: hours[f] or 0.0 for f in sweep.families}, float(gpus), cap)
+
+
+def _hand_out(priority: list[TrialPoint], gpus_of: dict[str, float], hours_of: dict[str, float], gpus: float,
+              cap: int) -> list[TrialPoint]:
+    """The order in which the trials of ``priority`` are handed out (``trial_order``) on ``gpus`` GPUs, at most
+    ``cap`` out at once, a family's trial taking ``gpus_of`` GPUs for ``hours_of`` hours. A handed-out trial starts
+    as soon as its GPUs are free (waiting ones in hand-out order: their requests are with Ray already; one wider
+    than the GPUs alone), and holds its slot until it ends."""
+    pending, order, waiting = list(priority), [], []
+    running: list[tuple[float, int, float]] = []  # (end, hand-out index, GPUs)
+    now, free = 0.0, gpus
+
+    def fits(point: TrialPoint) -> bool:
+        return gpus_of[point.family] <= free + 1e-9
+
+    while pending:
+        for point in list(waiting):
+            if fits(point) or not running:
+                waiting.remove(point)
+                free -= gpus_of[point.family]
+                heapq.heappush(running, (now + hours_of[point.family], order.index(point), gpus_of[point.family]))
+        if len(running) + len(waiting) < cap:
+            point = next((p for p in pending if fits(p)), pending[0])
+            pending.remove(point)
+            order.append(point)
+            waiting.append(point)
+        else:
+            now, _, freed = heapq.heappop(running)
+            free += freed
+    return order
 
 
 def optuna_storage_url(sweep: SweepConfig) -> str:
@@ -50,10 +131,15 @@ def _sampler(name: str, seed: int):
     return samplers[name](seed=seed)
 
 
-def search_algorithm(sweep: SweepConfig):
-    """None for the grid; for optuna an ``OptunaSearch`` on a persistent study, warm-started with the grid once."""
+def search_algorithm(sweep: SweepConfig, gpus: float = 0):
+    """The grid: Tune's ``BasicVariantGenerator`` handing out ``trial_order``'s points for the cluster's ``gpus``;
+    optuna: an ``OptunaSearch`` on a persistent study, warm-started with the grid once (in that order). Either holds
+    at most ``resources.max_concurrent_trials`` trials at once (TuneConfig's own cap is left unset)."""
     if sweep.search.method == "grid":
-        return None
+        from ray.tune.search import BasicVariantGenerator
+
+        return BasicVariantGenerator(points_to_evaluate=[p._asdict() for p in trial_order(sweep, gpus)],
+                                     max_concurrent=sweep.resources.max_concurrent_trials or 0)
     import optuna
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.sample import Domain
@@ -64,7 +150,7 @@ def search_algorithm(sweep: SweepConfig):
     study_exists = sweep.name in optuna.study.get_all_study_names(storage)
     done = len(optuna.load_study(study_name=sweep.name, storage=storage).trials) if study_exists else 0
     varied = [key for key, value in search_space(sweep).items() if isinstance(value, Domain)]
-    points = [{key: point._asdict()[key] for key in varied} for point in sweep.trial_points()]
+    points = [{key: point._asdict()[key] for key in varied} for point in trial_order(sweep, gpus)]
     objectives = sweep.search.objectives
     searcher = OptunaSearch(
         metric=list(objectives) if len(objectives) > 1 else next(iter(objectives)),
@@ -135,5 +221,5 @@ def scheduler(sweep: SweepConfig):
 
 
 def num_samples(sweep: SweepConfig) -> int:
-    """Grid: one pass over the grid; optuna: the study's trial budget."""
-    return 1 if sweep.search.method == "grid" else sweep.search.num_samples
+    """The trials Tune runs: grid, one per point (each a point of ``search_algorithm``); optuna, the study's budget."""
+    return len(sweep.trial_points()) if sweep.search.method == "grid" else sweep.search.num_samples

@@ -1,6 +1,8 @@
-"""The utilisation benchmark: its arithmetic on a hand-made store and sample file, and a real run of its warm and
-cold sweeps on the CPU (the GPU figures need GPUs)."""
+"""The utilisation benchmark: its arithmetic on a hand-made store and sample file, its trial rates against a
+recorded H200 run and its benchmark row, its mixed grids, and real runs of its warm and cold sweeps and of a mixed
+grid on the CPU (the GPU figures need GPUs)."""
 
+import argparse
 import datetime as dt
 import importlib.util
 import json
@@ -79,6 +81,82 @@ def test_summarises_a_finished_run_again_and_plots_it(tmp_path):
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "measurements"
+
+
+def test_a_recorded_run_s_trials_against_their_benchmark_row():
+    """The 8 warm 1B trials of 2026-11-27 on an H200 against the bench's 1b:1:auto:4:alpaca row of that day: the
+    0.992x of results.md, now from the script."""
+    run = MEASUREMENTS / "2026-11-27-warm-thread" / "runs" / "1gpu_auto" / "warm"
+    records = bench.bench_records(MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "one_gpu_alpaca_h200.json")
+    result = bench.summarise(run / "results", bench.read_samples(run / "gpu_samples.csv"), records)
+    family = result["by_family"]["llama-1b"]
+    assert family["bench_rows"] == ["1b:1:auto:4:alpaca"] and family["gpus"] == [1]  # FSDP2's row, not ZeRO-0's
+    assert family["vs_bench_median"] == pytest.approx(48602.7 / 48989.6, abs=1e-4)
+    trials = result["by_trial"]
+    assert len(trials) == 8 and [t["start_s"] for t in trials] == sorted(t["start_s"] for t in trials)
+    assert all(t["layout"] == "FSDP2 4x1" and 0.95 < t["vs_bench"] < 1.05 for t in trials)
+    assert "48,603 0.992x" in bench.table({"device": "H200", "shape": "1b", "trials": 8, "steps": 200,
+                                           "paths": {"warm": result}})
+    assert "1b:1:auto:4:alpaca" in bench.trial_table("warm", result)
+
+
+def _trial(trial_id: str, family: str, start: float, end: float, gpus: int, engine: str, stage: int, micro: int,
+           rate: float | None) -> dict:
+    return {**_row(trial_id, start, end), "family": family, "world_size": gpus, "engine": engine,
+            "zero_stage": stage, "micro_batch_size": micro, "gradient_accumulation_steps": 1,
+            "tokens_per_s_steady": rate, "device": "cuda"}
+
+
+def _record(row: str, engine: str, stage: int, micro: int, rate: float, impl: str = "calsweep") -> dict:
+    shape, gpus, _, batch, data = row.split(":")
+    return {"impl_id": impl, "row": row, "shape": shape, "gpus": int(gpus), "batch": int(batch), "data": data,
+            "engine": engine, "zero_stage": stage, "micro_batch": micro, "accumulation": 1,
+            "tokens_per_s_per_gpu": rate}
+
+
+def test_a_mixed_grid_s_trials_each_against_the_row_of_their_shape_and_layout(tmp_path):
+    # 4 GPUs: two 8B trials on 2 GPUs each (ZeRO-2, micro-batch 2), then four 1B trials on one GPU each (FSDP2)
+    trials = [_trial("big-a", "llama-8b", 0, 100, 2, "deepspeed", 2, 2, 2 * 8000.0),
+              _trial("big-b", "llama-8b", 1, 101, 2, "deepspeed", 2, 2, 2 * 9000.0),
+              *(_trial(f"small-{i}", "llama-1b", 101 + 30 * (i % 2), 131 + 30 * (i % 2), 1, "fsdp2", 3, 4, 45000.0)
+                for i in range(4))]
+    for row in trials:
+        store.write_trial(str(tmp_path), row)
+    records = [_record("8b:2:2:2:random", "deepspeed", 2, 2, 9000.0),
+               _record("8b:2:2:2:alpaca", "deepspeed", 2, 2, 8500.0),
+               _record("8b:2:auto:2:alpaca", "deepspeed", 2, 1, 1.0),  # another micro-batch
+               _record("8b:2:2:2:alpaca", "deepspeed", 2, 2, 1.0, impl="calsweep_eager"),  # not compiled: a CPU's
+               _record("1b:1:auto:4:alpaca", "fsdp2", 0, 4, 50000.0),  # FSDP2 on one GPU: planned at stage 0
+               {"impl_id": "calsweep", "row": "1b:2:2:4:random", "shape": "1b", "gpus": 2, "error": "skipped"}]
+    result = bench.summarise(tmp_path, [], records)
+    by_id = {t["trial_id"]: t for t in result["by_trial"]}
+    assert by_id["big-a"]["bench_row"] == "8b:2:2:2:alpaca" and by_id["big-a"]["tokens_per_s_per_gpu"] == 8000.0
+    assert by_id["big-a"]["vs_bench"] == pytest.approx(8000 / 8500) and by_id["big-b"]["layout"] == "ZeRO-2 2x1"
+    assert by_id["small-0"]["bench_row"] == "1b:1:auto:4:alpaca" and by_id["small-0"]["vs_bench"] == 0.9
+    assert result["by_family"]["llama-8b"] == {"trials": 2, "gpus": [2], "tokens_per_s_per_gpu_median": 8500.0,
+                                               "vs_bench_median": pytest.approx(1.0),
+                                               "bench_rows": ["8b:2:2:2:alpaca"]}
+    assert [t["trial_id"] for t in result["by_trial"]][:2] == ["big-a", "big-b"]
+    # without a row of its layout a trial keeps its rate and has no ratio
+    only_1b = {t["trial_id"]: t for t in bench.summarise(tmp_path, [], [records[4]])["by_trial"]}
+    assert only_1b["big-a"]["vs_bench"] is None and only_1b["big-a"]["tokens_per_s_per_gpu"] == 8000.0
+    assert only_1b["small-3"]["vs_bench"] == 0.9
+
+
+def test_a_mixed_grid_sweep_plans_its_8b_family_on_two_gpus(tmp_path):
+    from sweeps.config import sweep_from_dict
+
+    args = argparse.Namespace(shapes=["8b", "1b"], trials=4, steps=200, eval_limit=400, tokenizer="smollm2-135m",
+                              engine="auto")
+    assert bench.shapes_problem(args.shapes) is None
+    sweep = sweep_from_dict(bench.sweep_config(args, tmp_path, warm=True))
+    assert sweep.families == ("llama-8b", "llama-1b") and len(sweep.trial_points()) == 8
+    assert [sweep.layout(f).workers for f in sweep.families] == [2, 1]
+    assert bench.shapes_problem(["8b", "tiny"]).startswith("--shape: expected shapes of one kind")
+    assert "'2b'" in bench.shapes_problem(["2b"])
+
+
 def test_reads_nvidia_smi_lines(tmp_path):
     path = tmp_path / "samples.csv"
     path.write_text("2026/11/23 10:00:00.250, 0, 37\n2026/11/23 10:00:00.450, 1, 0\ngarbage\n")
@@ -126,3 +204,26 @@ def test_warm_one_gpu_trials_run_on_fsdp2_when_asked(tmp_path, data_dir):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     warm = json.loads(out.read_text())["paths"]["warm"]
     assert warm["ok"] == warm["trials"] == 2 and warm["engines"] == ["fsdp2"] and warm["layout"] == [[3, 2, 1]]
+
+
+@pytest.mark.slow
+def test_a_mixed_grid_on_the_cpu_against_bench_rows_run_first(tmp_path, data_dir):
+    """Two tiny families of different sizes in one warm sweep, each trial's rate set against the bench row of its
+    shape and layout, which the script ran first (``--bench-rows``)."""
+    out = tmp_path / "util.json"
+    run = subprocess.run([sys.executable, bench.__file__, "--shape", "small,tiny", "--trials", "2", "--steps", "3",
+                          "--eval-limit", "4", "--paths", "warm", "--bench-rows",
+                          "tiny:1:2:2:alpaca,small:1:2:2:alpaca", "--work", str(tmp_path / "work"), "--out", str(out)],
+                         capture_output=True, text=True, timeout=1800,
+                         env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    print(run.stdout[-2500:])
+    result = json.loads(out.read_text())
+    assert result["bench"] == str(tmp_path / "work" / bench.BENCH_JSON) and result["shape"] == "small,tiny"
+    warm = result["paths"]["warm"]
+    assert warm["ok"] == warm["trials"] == 4 and set(warm["by_family"]) == {"llama-small", "llama-tiny"}
+    for family, figures in warm["by_family"].items():
+        assert figures["bench_rows"] == [f"{family.removeprefix('llama-')}:1:2:2:alpaca"] and figures["gpus"] == [1]
+        assert figures["tokens_per_s_per_gpu_median"] > 0 and figures["vs_bench_median"] > 0
+    assert [t["family"] for t in warm["by_trial"]] == ["llama-small"] * 2 + ["llama-tiny"] * 2  # longest first
+    assert "llama-small: tok/s/GPU, x its row" in run.stdout and "small:1:2:2:alpaca" in run.stdout
