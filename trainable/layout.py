@@ -27,15 +27,15 @@ Checked against the peaks measured on GPUs (tests/trainable/test_layout.py reads
 A ZeRO-3 layout, and a one-GPU one, runs on the engine ``trainable.config.preferred_engine`` names (FSDP2 by
 default; ``layout_engine``), planned with that engine's memory model and MFU. FSDP2 keeps float32 weights,
 gradients and AdamW moments sharded and gathers bf16 copies per layer:
-    FSDP2:    16P/N + 1.5 bytes per LM-head parameter + 0.8 x the activations above
-(fitted to its measured peaks without accumulation: Inductor recomputes more inside its compiled layers than
-inside DeepSpeed's, whose linear autograd function it cannot see into; and a step's float32 gradients appear as
-its backward frees the activations). With accumulation a later micro-batch runs with every gradient held: the
-activations count whole (8B alone on an H200 at micro-batch 2 ran out of memory at 16 sequences a step, at 137.4
-GiB, and fitted at 2: docs/measurements/2026-11-27-one-gpu-fsdp2). The model under-predicts every peak recorded
-with accumulation, by 4.0-6.7% (8B at micro-batch 1 x 2 and 1 x 4, on two GPUs with 0-24 layers recomputed and on
-one H200: docs/measurements/2026-11-27-fsdp2-accumulation and the earlier 2-GPU records), so such a plan keeps
-``ACCUMULATION_HEADROOM`` of the budget free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's (``planned_stage``).
+    FSDP2:    16P/N + 1.5 bytes per LM-head parameter + s x the activations above
+with s the largest ratio over every recorded FSDP2 peak (``FSDP2_ACTIVATION_SCALE``), so the prediction bounds
+them all: 1.08 with one micro-batch a step (the 1B shape's packed Alpaca rows set it; the 8B shape peaks well
+below, as its float32 gradients appear while its backward frees the activations), 2.25 with accumulation (a later
+micro-batch runs with every gradient held: 8B alone on an H200 at micro-batch 1 x 4 sets it; at 2 x 8 it ran out
+of memory at 137.4 GiB: docs/measurements/2026-11-27-one-gpu-fsdp2). FSDP2's caching allocator reserves 13-15%
+over its allocated peak near a GPU's edge (8B on two H100s at micro-batch 2: 77.5 GiB reserved for 68.6
+allocated, 30 cudaMalloc retries in 13 steps and half the rate), so its plans keep ``ALLOCATOR_SLACK["fsdp2"]``
+free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's (``planned_stage``).
 
 A layout fits when every phase of a trial does (``phase_peaks``): the attention check before step 1 (one row, every
 layer recomputed), the training steps, and (planned per trial, ``trainable.trial_memory``) the export and scoring.
@@ -54,7 +54,8 @@ GIB = 2**30
 PEAK_FLOPS = PEAK_BF16_FLOPS["NVIDIA H100 80GB HBM3"]  # the MFU denominator of RECORDED_MFU (H100 = H200 SXM)
 NCCL_BUFFER_BYTES = 1.5 * GIB  # communication buffers of a multi-GPU trial (module docstring)
 CUDA_CONTEXT_BYTES = 1.0 * GIB  # CUDA context, NCCL and cuBLAS workspaces outside PyTorch's allocator
-ALLOCATOR_SLACK = 0.06  # fragmentation of the caching allocator: reserved memory over the peak allocated
+# fragmentation of the caching allocator, reserved memory over the peak allocated: per engine (module docstring)
+ALLOCATOR_SLACK = {"deepspeed": 0.06, "fsdp2": 0.10}
 LOSS_CHUNK_BYTES = 136 * 2**20  # kernels/backward.py: the dedicated dZ chunk at most
 # Per token and decoder layer, bytes saved for the backward with compiled layers in bf16: c_h h + c_kv (kv width)
 # + c_i I; fitted to the 1B shape's peaks at micro-batch 2 and 4 on an H200 (1.6 GiB per 2048-token sequence).
@@ -68,9 +69,8 @@ RECORDED_MFU = {(0, False): 0.41, (0, True): 0.41, (1, True): 0.45, (2, True): 0
 # two 39.6-40.1% (H200).
 RECORDED_MFU_FSDP2 = {False: 0.44, True: 0.40}
 FSDP2_HEAD_BYTES = 1.5  # per LM-head parameter: its gathered bf16 copy and gradient (fitted)
-FSDP2_ACTIVATION_SCALE = 0.8  # of ``activation_bytes`` (fitted)
-# FSDP2 with accumulation: its plans keep the model's tolerance (10%) free (module docstring)
-ACCUMULATION_HEADROOM = 0.10
+# of ``activation_bytes``, by accumulation (> 1 micro-batch a step): the bound of the recorded peaks (docstring)
+FSDP2_ACTIVATION_SCALE = {False: 1.08, True: 2.25}
 STAGES = (0, 1, 2, 3)
 ENGINE_NAMES = {"deepspeed": "ZeRO-{stage}", "fsdp2": "FSDP2 (ZeRO-3 layout)"}  # FSDP2 on one GPU: "FSDP2"
 
@@ -207,11 +207,15 @@ def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, se
     docstring; ``engine`` fsdp2 for a layout on FSDP2, ``accumulation`` its micro-batches a step)."""
     activations = activation_bytes(shape, micro_batch * seq_len, checkpointed)
     if engine == "fsdp2":
-        comm = NCCL_BUFFER_BYTES if workers > 1 else 0.0
-        scale = FSDP2_ACTIVATION_SCALE if accumulation == 1 else 1.0
-        return 16 * shape.params / workers + comm + FSDP2_HEAD_BYTES * shape.vocab * shape.hidden \
-            + scale * activations
+        return fsdp2_state_bytes(shape, workers) + FSDP2_ACTIVATION_SCALE[accumulation > 1] * activations
     return state_bytes(shape, stage, workers, zero) + activations
+
+
+def fsdp2_state_bytes(shape: ModelShape, workers: int) -> float:
+    """FSDP2's states per GPU: float32 weights, gradients and AdamW moments sharded (16P/N), its communication
+    buffers across GPUs and the LM head's gathered copy and gradient (module docstring)."""
+    comm = NCCL_BUFFER_BYTES if workers > 1 else 0.0
+    return 16 * shape.params / workers + comm + FSDP2_HEAD_BYTES * shape.vocab * shape.hidden
 
 
 def check_activation_bytes(shape: ModelShape, seq_len: int) -> float:
@@ -237,10 +241,8 @@ def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, s
     the export (``train.save_model``: FSDP2 and ZeRO-3 gather a bf16 copy, 2P, on rank 0; FSDP2 once its optimizer
     states are freed, 4P/N left) and scoring over ``scoring_tokens`` padded tokens a forward (FSDP2 on rank 0's
     gathered copy; DeepSpeed in place: ``zero3_scoring`` gathers a ZeRO-3 copy only where it fits)."""
-    states = peak_bytes(shape, stage, workers, micro_batch, seq_len, checkpointed, zero, engine, accumulation) \
-        - (activation_bytes(shape, micro_batch * seq_len, checkpointed)
-           * (FSDP2_ACTIVATION_SCALE if engine == "fsdp2" and accumulation == 1 else 1.0))
     fsdp2 = engine == "fsdp2"
+    states = fsdp2_state_bytes(shape, workers) if fsdp2 else state_bytes(shape, stage, workers, zero)
     kept = 4 * shape.params / workers + (NCCL_BUFFER_BYTES if workers > 1 else 0.0) if fsdp2 else states
     peaks = {"attention_check": states + check_activation_bytes(shape, seq_len),
              "train": peak_bytes(shape, stage, workers, micro_batch, seq_len, checkpointed, zero, engine, accumulation)}
@@ -267,9 +269,9 @@ def recorded_mfu(engine: str, stage: int, workers: int) -> float:
     return RECORDED_MFU.get((stage, workers > 1), RECORDED_MFU[(2, True)])
 
 
-def budget_bytes(gpu_memory_bytes: float) -> float:
+def budget_bytes(gpu_memory_bytes: float, engine: str = "deepspeed") -> float:
     """What PyTorch may allocate on a GPU of ``gpu_memory_bytes``: less the CUDA context and allocator slack."""
-    return (gpu_memory_bytes - CUDA_CONTEXT_BYTES) / (1 + ALLOCATOR_SLACK)
+    return (gpu_memory_bytes - CUDA_CONTEXT_BYTES) / (1 + ALLOCATOR_SLACK[engine])
 
 
 def _divisors(n: int) -> list[int]:
@@ -283,7 +285,7 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
     step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none, True for all,
     or a count), with ``zero_buckets``' default buckets; ZeRO-3 on ``preferred_engine``. A micro-batch below the
     config's costs 3% (smaller products, more steps of the loop)."""
-    budget, fitting = budget_bytes(gpu_memory_bytes), []
+    fitting = []
     for n in workers:
         if sequences_per_step % n:
             continue
@@ -299,8 +301,7 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                 layers = _checkpoint_choices(shape.layers, checkpointing)
                 peaks = {k: max(phase_peaks(shape, stage, n, micro, seq_len, k, zero, engine,
                                             share // micro).values()) for k in layers}
-                room = budget / (1 + ACCUMULATION_HEADROOM) if engine == "fsdp2" and share > micro else budget
-                k = next((k for k in layers if peaks[k] <= room), None)
+                k = next((k for k in layers if peaks[k] <= budget_bytes(gpu_memory_bytes, engine)), None)
                 if k is None:
                     continue
                 slower = 1.03 if micro < micro_batch else 1.0
@@ -334,7 +335,7 @@ def plan_layout(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_
         smallest = min(tried, key=lambda c: c.peak_bytes, default=None)
         closest = "" if smallest is None else (f": the smallest, {smallest.describe(shape.layers)}, peaks at "
                                                f"{smallest.peak_gib:.1f} GiB per GPU against the "
-                                               f"{budget_bytes(gpu_memory_bytes) / GIB:.1f} GiB PyTorch may allocate")
+                                               f"{budget_bytes(gpu_memory_bytes, smallest.engine) / GIB:.1f} GiB PyTorch may allocate")
         raise ValueError(f"expected a layout of a {shape.params / 1e9:.2f}B-parameter model ({sequences_per_step} "
                          f"sequences of {seq_len} tokens a step) within {gpu_memory_bytes / GIB:.1f} GiB GPUs on "
                          f"{'/'.join(map(str, counts))} GPUs, got none{closest}; "

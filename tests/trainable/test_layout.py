@@ -19,7 +19,8 @@ RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",
            MEASUREMENTS / "2026-11-27-must6-h200x2" / "8b_at_h100_memory_h200x2.json",
            MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "one_gpu_alpaca_h200.json",
            MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "8b_one_gpu_h200.json",
-           MEASUREMENTS / "2026-11-27-fsdp2-accumulation" / "fsdp2_accumulation_h200x2.json")
+           MEASUREMENTS / "2026-11-27-fsdp2-accumulation" / "fsdp2_accumulation_h200x2.json",
+           MEASUREMENTS / "2026-11-27-h100x4-mixed" / "bench_rows_h100x4.json")
 SHAPES = {"1b": model_shape(REGISTRY["llama-3.2-1b"]), "8b": model_shape(REGISTRY["llama-3.1-8b"])}
 H100, H200 = 79.6 * GIB, 139.8 * GIB
 
@@ -41,14 +42,18 @@ def test_registry_shapes_count_the_registry_params():
 
 
 @pytest.mark.parametrize("record", _measured(), ids=lambda r: f"{r['device'][7:11]}:{r['file']}:{r['row']}")
-def test_memory_model_within_10_percent_of_measured_peaks(record):
+def test_memory_model_bounds_the_measured_peaks(record):
     """Every compiled-layer run of the H200 and H100 benchmarks (docs/results.md), with the engine and ZeRO buckets
-    it ran with."""
+    it ran with: FSDP2's prediction at or above the measured peak and within 15% of it (an upper bound that plans
+    trials, issue 45), DeepSpeed's within 10%."""
     shape = SHAPES[record["shape"]]
     predicted = peak_bytes(shape, record["zero_stage"], record["gpus"], record["micro_batch"], record["seq_len"],
                            record["recomputed_layers"], record.get("zero_optimization"),
                            record.get("engine", "deepspeed"), record["accumulation"]) / GIB
-    assert predicted == pytest.approx(record["peak_gib"], rel=0.10)
+    if record.get("engine") == "fsdp2":
+        assert 0.85 * predicted <= record["peak_gib"] <= predicted
+    else:
+        assert predicted == pytest.approx(record["peak_gib"], rel=0.10)
 
 
 def test_records_cover_every_stage_and_recompute():
@@ -71,27 +76,30 @@ def test_cheapest_layouts():
     # the default's preferred engine trains one GPU on FSDP2 too (the same layout, FSDP2's memory model)
     fsdp2 = plan_layout(one_b, 2048, 16, 2, H100, preferred_engine="fsdp2")
     assert (fsdp2.workers, fsdp2.zero_stage, fsdp2.engine, fsdp2.micro_batch_size) == (1, 0, "fsdp2", 2)
-    assert fsdp2.peak_bytes == peak_bytes(one_b, 0, 1, 2, 2048, 0, engine="fsdp2", accumulation=8) < layout.peak_bytes
+    assert fsdp2.peak_bytes == peak_bytes(one_b, 0, 1, 2, 2048, 0, engine="fsdp2", accumulation=8)
     # states fit two H200s but weights and states not one: ZeRO-2 across two, the step's sequences split
     layout = plan_layout(eight_b, 2048, 4, 2, H200)
     assert (layout.workers, layout.zero_stage, layout.micro_batch_size, layout.gradient_accumulation_steps,
             layout.checkpointed) == (2, 2, 2, 1, 0)
-    # two H100s: ZeRO-2 does not fit; ZeRO-3 on FSDP2 (the default's engine) at the whole micro-batch, nothing
-    # recomputed; on DeepSpeed's ZeRO-3 (18 bytes a parameter) only a micro-batch of 1 with recomputed layers fits
+    # two H100s: ZeRO-2 does not fit; ZeRO-3 on FSDP2 (the default's engine) at the whole micro-batch with 11 layers
+    # recomputed (nothing recomputed peaked at 68.6 GiB, 77.5 reserved: the allocator retried every step); on
+    # DeepSpeed's ZeRO-3 (18 bytes a parameter) only a micro-batch of 1 with recomputed layers fits
     layout = plan_layout(eight_b, 2048, 4, 2, H100, workers=2, preferred_engine="fsdp2")
-    assert (layout.zero_stage, layout.engine, layout.micro_batch_size, layout.checkpointed) == (3, "fsdp2", 2, 0)
-    assert layout.peak_bytes <= H100
+    assert (layout.zero_stage, layout.engine, layout.micro_batch_size, layout.checkpointed) == (3, "fsdp2", 2, 11)
+    assert layout.peak_bytes <= budget_bytes(H100, "fsdp2")
     layout = plan_layout(eight_b, 2048, 4, 2, H100, workers=2)
     assert (layout.zero_stage, layout.engine, layout.micro_batch_size) == (3, "deepspeed", 1)
     assert layout.checkpointed > 0 and layout.peak_bytes <= H100
     # where ZeRO-2 fits it stays cheaper than ZeRO-3 on either engine (recorded MFU 45% against 40% and 37%)
     assert plan_layout(eight_b, 2048, 4, 2, H200, workers=2, preferred_engine="fsdp2").zero_stage == 2
-    # 8B alone on an H200 under FSDP2: 16 sequences a step at micro-batch 2 ran out of memory (137.4 GiB): with
-    # accumulation its activations count whole and it is planned on two GPUs; without, it fits (123.6 GiB measured)
-    assert plan_layout(eight_b, 2048, 16, 2, H200, preferred_engine="fsdp2").workers == 2
-    assert peak_bytes(eight_b, 0, 1, 2, 2048, 0, engine="fsdp2", accumulation=8) > budget_bytes(H200)
+    # 8B alone on an H200 under FSDP2: 16 sequences a step at micro-batch 2 ran out of memory (137.4 GiB), and 2
+    # sequences nothing recomputed peaked at 123.6 GiB with 138.9 reserved (the GPU's edge): both are planned with
+    # recomputed layers, at micro-batch 1 with accumulation
+    assert peak_bytes(eight_b, 0, 1, 2, 2048, 0, engine="fsdp2", accumulation=8) > budget_bytes(H200, "fsdp2")
+    many = plan_layout(eight_b, 2048, 16, 2, H200, preferred_engine="fsdp2")
+    assert (many.workers, many.micro_batch_size, many.checkpointed) == (1, 1, 22)
     alone = plan_layout(eight_b, 2048, 2, 2, H200, preferred_engine="fsdp2")
-    assert (alone.workers, alone.engine, alone.micro_batch_size, alone.checkpointed) == (1, "fsdp2", 2, 0)
+    assert (alone.workers, alone.engine, alone.micro_batch_size, alone.checkpointed) == (1, "fsdp2", 2, 21)
 
 
 def test_explicit_settings_win_and_nothing_fitting_is_one_line():
