@@ -20,7 +20,8 @@ RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",
            MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "one_gpu_alpaca_h200.json",
            MEASUREMENTS / "2026-11-27-one-gpu-fsdp2" / "8b_one_gpu_h200.json",
            MEASUREMENTS / "2026-11-27-fsdp2-accumulation" / "fsdp2_accumulation_h200x2.json",
-           MEASUREMENTS / "2026-11-27-h100x4-mixed" / "bench_rows_h100x4.json")
+           MEASUREMENTS / "2026-11-27-h100x4-mixed" / "bench_rows_h100x4.json",
+           MEASUREMENTS / "2026-11-27-h100x4-mixed" / "bench_rows_after_h100x4.json")
 SHAPES = {"1b": model_shape(REGISTRY["llama-3.2-1b"]), "8b": model_shape(REGISTRY["llama-3.1-8b"])}
 H100, H200 = 79.6 * GIB, 139.8 * GIB
 
