@@ -42,9 +42,11 @@ class TrialResult:
     resumed_from_step: int | None  # steps its last attempt took from a checkpoint (0: none)
     train_tokens: int | None  # real (non-padding) tokens over all ranks and steps
     tokens_per_s: float | None  # over every step of this attempt, all ranks
-    tokens_per_s_steady: float | None  # after the warm-up steps (trainable.step_accounting.StepClock)
+    tokens_per_s_steady: float | None  # after the warm-up steps, of training alone (StepClock: no validation, no
+    # checkpoints)
     wall_warmup_s: float | None  # wall time of the warm-up steps
-    mfu: float | None  # steady tokens/s per GPU x FLOPs per token / peak (trainable.throughput); None off known GPUs
+    mfu: float | None  # steady tokens/s per GPU x FLOPs per token (T: the rows' mean real length) / peak; None off
+    # known GPUs (trainable.throughput)
     precision: str | None  # bf16 | fp16 | fp32 (trainable.deepspeed_setup)
     attention: str | None  # attention kernels the trial trained with (trainable.attention_check)
     device: str | None  # cpu | cuda

@@ -12,9 +12,10 @@ copied back behind its kernels (``PendingLoss``) for the loop to read after it h
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -96,21 +97,35 @@ def warmup_step_count(total_steps: int) -> int:
 class StepClock:
     """Tokens and wall time of the optimiser steps, with the warm-up steps split off for a steady rate.
 
-    ``tokens`` counts this rank's real (non-padding) tokens; rates are per second over all ranks (tokens x ranks).
+    ``tokens`` counts this rank's real (non-padding) tokens and ``rows`` its rows; rates are per second over all
+    ranks (tokens x ranks) of training alone: time spent ``paused`` (validation passes, checkpoints) is left out of
+    every window.
     """
 
     def __init__(self, world_size: int, warmup_steps: int):
         self.world_size, self.warmup_steps = world_size, warmup_steps
         self.started = time.time()
         self.tokens = 0
+        self.rows = 0
         self.warm_at: float | None = None
         self.warm_tokens = 0
         self.stopped: float | None = None
+        self.paused_s = 0.0  # seconds left out so far
+        self.paused_s_at_warm = 0.0  # of them, before the warm-up's end
 
     def step_done(self, step: int) -> None:
         """Call after step ``step`` (1-based) has synchronised with the device."""
         if step == self.warmup_steps:
-            self.warm_at, self.warm_tokens = time.time(), self.tokens
+            self.warm_at, self.warm_tokens, self.paused_s_at_warm = time.time(), self.tokens, self.paused_s
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The block's wall time is not training time (a validation pass, a checkpoint)."""
+        began = time.time()
+        try:
+            yield
+        finally:
+            self.paused_s += time.time() - began
 
     def stop(self) -> None:
         self.stopped = time.time()
@@ -119,16 +134,24 @@ class StepClock:
         return self.stopped or time.time()
 
     def warmup_s(self) -> float:
-        """Wall time of the warm-up steps (all steps so far while still warming up)."""
-        return (self.warm_at or self._now()) - self.started
+        """Training time of the warm-up steps (all steps so far while still warming up)."""
+        if self.warm_at is None:
+            return self._now() - self.started - self.paused_s
+        return self.warm_at - self.started - self.paused_s_at_warm
 
     def steady_rate(self) -> float | None:
-        """tokens/s after the warm-up steps, or None before any steady step."""
+        """tokens/s of training after the warm-up steps, or None before any steady step."""
         if self.warm_at is None or self.tokens == self.warm_tokens:
             return None
-        return (self.tokens - self.warm_tokens) * self.world_size / max(self._now() - self.warm_at, 1e-9)
+        seconds = self._now() - self.warm_at - (self.paused_s - self.paused_s_at_warm)
+        return (self.tokens - self.warm_tokens) * self.world_size / max(seconds, 1e-9)
 
     def rate(self) -> float:
         """The steady rate once there is one, else the rate over every step so far."""
         steady = self.steady_rate()
-        return steady if steady is not None else self.tokens * self.world_size / max(self._now() - self.started, 1e-9)
+        return steady if steady is not None else \
+            self.tokens * self.world_size / max(self._now() - self.started - self.paused_s, 1e-9)
+
+    def mean_row_tokens(self) -> float | None:
+        """Real tokens per row over the steps so far (the attention's length for FLOPs), None before any row."""
+        return self.tokens / self.rows if self.rows else None

@@ -14,7 +14,7 @@ PEAK_BF16_FLOPS = {  # torch.cuda.get_device_name() -> dense bf16 FLOP/s from th
 }
 
 
-def training_flops_per_token(n_params: int, n_layers: int, hidden_size: int, tokens_per_row: int) -> float:
+def training_flops_per_token(n_params: int, n_layers: int, hidden_size: int, tokens_per_row: float) -> float:
     """6 N (forward and backward of every weight) + 12 L d T (attention scores and values)."""
     return 6 * n_params + 12 * n_layers * hidden_size * tokens_per_row
 

@@ -353,6 +353,7 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
         for step in range(start + 1, total_steps + 1):
             micro_batches = [next(setup.batches) for _ in range(accumulation)]
             clock.tokens += sum(int(batch["attention_mask"].sum()) for batch in micro_batches)
+            clock.rows += sum(len(batch["attention_mask"]) for batch in micro_batches)
             loss = PendingLoss(optimizer_step(engine, micro_batches, device, world_size), accumulation, world_size)
             plain_summed = wrapped.take_plain_loss()
             if deferred is not None:  # the previous step, read now that this step is queued behind it
@@ -378,8 +379,9 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
                 continue
             confidence = float(wrapped.last_confidence)  # of this training batch: validation overwrites it
             if validate:
-                val_loss = validation_loss(engine, setup.held_out, trial.train.micro_batch_size,
-                                           setup.tokenizer.pad_token_id, device, setup.pad_to)
+                with clock.paused():
+                    val_loss = validation_loss(engine, setup.held_out, trial.train.micro_batch_size,
+                                               setup.tokenizer.pad_token_id, device, setup.pad_to)
             plain_loss = global_mean_loss(plain_summed.to(device), accumulation, world_size)
             metrics = {**progress(step, engine.get_lr()[0]), **({"val_loss": val_loss} if validate else {})}
             if not save:
@@ -387,7 +389,7 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
                 continue
             state = checkpointing.LoopState(step, total_steps, first_loss, step_loss, confidence, val_loss,
                                             prior_tokens + clock.tokens)
-            with tempfile.TemporaryDirectory(prefix="calsweep-ckpt-") as directory:
+            with clock.paused(), tempfile.TemporaryDirectory(prefix="calsweep-ckpt-") as directory:
                 checkpointing.save(engine, Path(directory), state, trial.to_dict(), rank, world_size,
                                    wrapped.head.plan_history)
                 report_checkpoint(metrics, Path(directory))
@@ -452,7 +454,8 @@ def trial_result(trial: TrialConfig, setup: TrialSetup, trained: Training, score
     peak, peak_phase = peaks.peak()
     train_s = clock.stopped - clock.started
     steady = clock.steady_rate()
-    flops = training_flops_per_token(facts["n_params"], facts["n_layers"], facts["hidden_size"], setup.row_width)
+    flops = training_flops_per_token(facts["n_params"], facts["n_layers"], facts["hidden_size"],
+                                     clock.mean_row_tokens() or setup.row_width)
     return TrialResult(
         model_source=setup.spec.source, model_location=setup.spec.location, **facts,
         train_loss=trained.step_loss, train_loss_plain=trained.plain_loss, train_loss_first=trained.first_loss,

@@ -126,3 +126,20 @@ def test_step_clock_splits_warm_up_from_steady_steps(monkeypatch):
     assert clock.steady_rate() == 200.0  # 100 tokens on each of 2 ranks per second
     assert clock.rate() == 200.0
     assert [warmup_step_count(n) for n in (1, 2, 6, 40, 1000)] == [1, 1, 1, 4, 10]
+
+
+def test_step_clock_leaves_validation_and_checkpoints_out(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("trainable.step_accounting.time.time", lambda: now[0])
+    clock = StepClock(world_size=1, warmup_steps=1)
+    with clock.paused():  # a validation pass in the warm-up: 5 s
+        now[0] = 105.0
+    clock.tokens, clock.rows, now[0] = 50, 2, 115.0  # step 1: 10 s of training
+    clock.step_done(1)
+    with clock.paused():  # a checkpoint: 30 s
+        now[0] = 145.0
+    clock.tokens, clock.rows, now[0] = 150, 4, 147.0  # step 2: 100 tokens in 2 s
+    clock.step_done(2)
+    clock.stop()
+    assert clock.warmup_s() == 10.0 and clock.steady_rate() == 50.0 and clock.rate() == 50.0
+    assert clock.mean_row_tokens() == 37.5
