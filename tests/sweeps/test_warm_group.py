@@ -2,8 +2,10 @@
 rank 0 in the Tune actor, rank 1 in a helper actor of its placement group (``sweeps.warm_group``). Three trials
 one at a time run with one helper process, whose group the second and third trials reuse, and give the losses and
 scores of the same trials run cold (a Ray Train worker group per trial) bit for bit. A helper killed after the
-trial's first checkpoint: the trial is retried once and ends ok, resumed from that checkpoint."""
+trial's first checkpoint: the trial is retried once and ends ok, resumed from that checkpoint, with the numbers of
+the same trial run through."""
 
+import math
 import os
 import signal
 import subprocess
@@ -24,6 +26,9 @@ THREE = ["label_smoothing=[0.0,0.1,0.2]", "train.max_steps=1", "train.dropout=0.
          "train.gradient_accumulation_steps=1"]
 WARM_BOUND_S = 10.0  # Must: <= 10 s per multi-GPU trial outside its own work, after the first of a shape
 SAME = ("train_loss", "train_loss_plain", "train_loss_first", "arc_easy_nll", "arc_easy_ece", "arc_easy_accuracy")
+KILL = ["label_smoothing=[0.1]", "train.max_steps=8", "train.checkpoint_every_steps=2", "train.log_every=1",
+        "train.dropout=0.1", "resources.max_failures=1"]
+REL_TOL = 1e-5  # fp32 on the CPU, the same operations in the same order (as tests/sweeps/test_trial_recovery.py)
 HELPER = b"ray::WarmRank"  # a helper rank's process title
 
 
@@ -104,9 +109,8 @@ def test_a_killed_helper_rank_fails_the_trial_whose_retry_resumes_from_its_check
                 killed.append(min(helpers))
                 return
 
-    out, rows = _launch(results, data_dir, "kill", "label_smoothing=[0.1]", "train.max_steps=8",
-                        "train.checkpoint_every_steps=2", "train.log_every=1", "resources.max_failures=1",
-                        watch=kill_after_first_checkpoint)
+    out, rows = _launch(results, data_dir, "kill", *KILL, watch=kill_after_first_checkpoint)
+    print(out.stdout)
     assert killed, out.stdout[-3000:]
     (row,) = rows
     assert row["status"] == "ok" and row["world_size"] == 2 and row["train_steps"] == 8, row
@@ -115,3 +119,8 @@ def test_a_killed_helper_rank_fails_the_trial_whose_retry_resumes_from_its_check
     assert out.stdout.count(f"retrying {row['trial_id']}") == 1, out.stdout[-3000:]
     kept = [path for path in (results / "ray" / f"kill-{row['trial_id']}").iterdir() if path.is_dir()]
     assert len(kept) == 1 and (kept[0] / "final_metrics.json").exists()  # checkpoints_to_keep: 1 pruned the others
+
+    _, (through,) = _launch(results, data_dir, "through", *KILL)  # the same trial, uninterrupted
+    assert through["resumed_from_step"] == 0
+    for key in ("train_loss", "train_loss_first", "arc_easy_nll", "arc_easy_ece"):  # every rank resumed its state
+        assert math.isclose(row[key], through[key], rel_tol=REL_TOL), (key, row[key], through[key])
