@@ -109,7 +109,7 @@ def trial_resources(params: dict[str, Any]) -> dict[str, float] | PlacementGroup
     """What a trial's Tune actor holds: a warm trial's actor its workers' CPUs and GPUs
     (``warm_trial.actor_resources``); a Ray Train trial's driver next to nothing (its workers hold theirs)."""
     sweep, family = sweep_from_dict(params["sweep"]), params["family"]
-    return warm_trial.actor_resources(sweep, family) if warm_trial.wanted(sweep, family) else {"CPU": DRIVER_CPUS}
+    return warm_trial.actor_resources(sweep, family) if warm_trial.wanted(sweep) else {"CPU": DRIVER_CPUS}
 
 
 def worker_env(sweep: SweepConfig) -> dict[str, str]:
@@ -163,7 +163,7 @@ def trial_driver(params: dict[str, Any]) -> None:
     if stale:
         print(f"[calsweep] {trial.trial_id}: checkpoints of another config removed ({stale})", flush=True)
     try:
-        if warm_trial.wanted(sweep, trial.family):
+        if warm_trial.wanted(sweep):
             metrics = warm_trial.run(sweep, trial, params["storage_path"], name, store.trial_writers())
         else:
             metrics = _fit(sweep, trial, params["storage_path"], name)

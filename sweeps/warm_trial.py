@@ -44,9 +44,8 @@ if TYPE_CHECKING:  # torch and the worker load in the trial's actor, not with th
 TRIAL_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calsweep-trial")  # started by the first trial
 
 
-def wanted(sweep: SweepConfig, family: str) -> bool:
-    """Whether a trial of ``family`` runs warm (one worker or several): ``resources.warm_trials`` is on."""
-    del family  # every family runs warm or none: the argument keeps the callers' question per trial
+def wanted(sweep: SweepConfig) -> bool:
+    """Whether the sweep's trials run warm, of one worker or several: ``resources.warm_trials`` is on."""
     return sweep.resources.warm_trials
 
 
