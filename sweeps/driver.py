@@ -2,10 +2,11 @@
 
 Tune runs ``trial_driver(params)`` per grid point with ``trial_resources(params)``. With ``resources.warm_trials`` a
 trial runs in the Tune actor itself (rank 0; a trial of several workers with helper actors for its other ranks,
-``sweeps.warm_group``), which Tune keeps for the next trial (``sweeps.warm_trial``); without, it follows the pattern of Ray Train V2 + Tune: the driver builds the trial's
-``TorchTrainer`` (workers running ``trainable.worker.train_fn_per_worker``) and forwards worker reports to Tune
-(``TuneReportCallback``). Either way the driver writes the trial's row (ok, or failed with its root error and the
-layout it ran with) to the results store; Tune's ``FailureConfig`` retries a failed trial (a Ray Train run gets no
+``sweeps.warm_group``), which Tune keeps for the next trial (``sweeps.warm_trial``); without, it follows the
+pattern of Ray Train V2 + Tune: the driver builds the trial's ``TorchTrainer`` (workers running
+``trainable.worker.train_fn_per_worker``) and forwards worker reports to Tune (``TuneReportCallback``). Either
+way the driver writes the trial's row (ok, or failed with its root error and the layout it ran with) to the results
+store; Tune's ``FailureConfig`` retries a failed trial (a Ray Train run gets no
 retries of its own), unless its error recurs identically (``sweeps.failures``): that trial ends at once. A
 trial already stored as ok is not run again (resume) if its stored config matches the current one
 (``sweeps.fingerprint``); one from another config is refused, or re-run with ``rerun_changed``.
