@@ -7,7 +7,9 @@ another config (an edited sweep under the same name, ``--rerun-changed``) or ano
 before the trial runs, so that the trial starts afresh instead of continuing someone else's training.
 
 A warm trial (``sweeps.warm_trial``: no Ray Train) keeps its checkpoints in the same folder, with the same names,
-through ``persist`` and ``latest``, so that a retried, resumed or re-run warm trial continues the same way.
+through ``persist`` and ``latest``, so that a retried, resumed or re-run warm trial continues the same way; the
+ranks of a warm multi-worker trial (``sweeps.warm_group``) each add their part to one folder (``copy_part``), as Ray
+Train merges its workers' folders into one checkpoint.
 """
 
 from __future__ import annotations
@@ -65,19 +67,34 @@ def _checkpoint_folders(fs: pafs.FileSystem, run: str) -> list[str]:
     return sorted(f for f in folders if fs.get_file_info(f"{f}/{TRIAL_FILE}").type == pafs.FileType.File)
 
 
-def persist(storage_path: str, name: str, directory: Path, keep: int) -> str:
-    """Copy a local checkpoint folder into the trial's run ``name`` as ``checkpoint_<UTC time>`` (the naming of Ray
-    Train's), ``trial.json`` last: a folder without it is incomplete and never resumed; then delete all but the
-    newest ``keep`` complete ones and any incomplete leftover. Returns the stored folder."""
-    fs, base = filesystem(storage_path)
-    run = f"{base}/{name}"
-    target = f"{run}/checkpoint_{dt.datetime.now(dt.timezone.utc):%Y-%m-%d_%H-%M-%S.%f}"
+def new_folder(storage_path: str, name: str) -> str:
+    """The path (in the storage's filesystem) of a new checkpoint folder of the trial's run ``name``:
+    ``checkpoint_<UTC time>``, the naming of Ray Train's; nothing is created."""
+    _, base = filesystem(storage_path)
+    return f"{base}/{name}/checkpoint_{dt.datetime.now(dt.timezone.utc):%Y-%m-%d_%H-%M-%S.%f}"
+
+
+def copy_part(storage_path: str, directory: Path, target: str) -> None:
+    """Copy a local folder's files into the stored checkpoint folder ``target`` (``new_folder``), ``trial.json``
+    last: one rank's part of a checkpoint, as every rank of a trial adds its own to the same folder."""
+    fs, _ = filesystem(storage_path)
     local = pafs.LocalFileSystem()
     files = sorted((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.name == TRIAL_FILE)
     for path in files:
         destination = f"{target}/{path.relative_to(directory).as_posix()}"
         fs.create_dir(destination.rsplit("/", 1)[0], recursive=True)
         pafs.copy_files(str(path), destination, source_filesystem=local, destination_filesystem=fs)
+
+
+def persist(storage_path: str, name: str, directory: Path, keep: int, target: str | None = None) -> str:
+    """Copy a local checkpoint folder into the trial's run ``name`` as ``target`` (default: a ``new_folder``, which
+    other ranks may have written their parts into already), ``trial.json`` last: a folder without it is incomplete
+    and never resumed; then delete all but the newest ``keep`` complete ones and any incomplete leftover. Returns
+    the stored folder."""
+    fs, base = filesystem(storage_path)
+    run = f"{base}/{name}"
+    target = target or new_folder(storage_path, name)
+    copy_part(storage_path, directory, target)
     complete = _checkpoint_folders(fs, run)
     for info in fs.get_file_info(pafs.FileSelector(run, allow_not_found=True)):
         stale = info.path in complete[:-keep] or (info.path not in complete and info.path != target)

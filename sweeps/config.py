@@ -52,8 +52,9 @@ class ResourcesConfig:
     # as failed; each resumes from the trial's last checkpoint; -1: retry without end (never recorded as failed). An
     # error that recurs (bad input: sweeps.failures) is not retried
     max_failures: int = 1
-    # one-worker trials run in Tune actors kept warm across trials (sweeps.warm_trial); false: a Ray Train worker
-    # group of one per trial, started and stopped with it
+    # trials run in Tune actors kept warm across trials (sweeps.warm_trial), those of several workers with helper
+    # actors for their other ranks, kept too (sweeps.warm_group); false: a Ray Train worker group per trial, started
+    # and stopped with it
     warm_trials: bool = True
 
     @property

@@ -1,11 +1,12 @@
 """The Ray Tune function of one trial: it runs the trial, warm or through Ray Train, and records the outcome.
 
-Tune runs ``trial_driver(params)`` per grid point with ``trial_resources(params)``. A one-worker trial (with
-``resources.warm_trials``) runs in the Tune actor itself, which Tune keeps for the next trial
-(``sweeps.warm_trial``); any other follows the pattern of Ray Train V2 + Tune: the driver builds the trial's
-``TorchTrainer`` (workers running ``trainable.worker.train_fn_per_worker``) and forwards worker reports to Tune
-(``TuneReportCallback``). Either way the driver writes the trial's row (ok, or failed with its root error and the
-layout it ran with) to the results store; Tune's ``FailureConfig`` retries a failed trial (a Ray Train run gets no
+Tune runs ``trial_driver(params)`` per grid point with ``trial_resources(params)``. With ``resources.warm_trials`` a
+trial runs in the Tune actor itself (rank 0; a trial of several workers with helper actors for its other ranks,
+``sweeps.warm_group``), which Tune keeps for the next trial (``sweeps.warm_trial``); without, it follows the
+pattern of Ray Train V2 + Tune: the driver builds the trial's ``TorchTrainer`` (workers running
+``trainable.worker.train_fn_per_worker``) and forwards worker reports to Tune (``TuneReportCallback``). Either
+way the driver writes the trial's row (ok, or failed with its root error and the layout it ran with) to the results
+store; Tune's ``FailureConfig`` retries a failed trial (a Ray Train run gets no
 retries of its own), unless its error recurs identically (``sweeps.failures``): that trial ends at once. A
 trial already stored as ok is not run again (resume) if its stored config matches the current one
 (``sweeps.fingerprint``); one from another config is refused, or re-run with ``rerun_changed``.
@@ -19,13 +20,16 @@ import datetime as dt
 import functools
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibration.summary import metric_columns
 from sweeps import checkpoints, failures, fingerprint, store, warm_trial
 from sweeps.config import SweepConfig, sweep_from_dict, workers_for
 from trainable.config import TrialConfig, engine_for, resolved_stage
 from trainable.result import ENTROPY_STATS, scalar_columns
+
+if TYPE_CHECKING:
+    from ray.tune import PlacementGroupFactory
 
 DRIVER_CPUS = 0.001  # a Ray Train trial's Tune function only waits on its TorchTrainer
 # How long a reused Tune actor waits for a stopped trial's thread to end (at its next report, or after scoring) before
@@ -102,11 +106,11 @@ def scaling_config(sweep: SweepConfig, family: str):
                          resources_per_worker={"CPU": resources.cpus_per_worker or 1, **({"GPU": gpus} if gpus else {})})
 
 
-def trial_resources(params: dict[str, Any]) -> dict[str, float]:
-    """What a trial's Tune actor holds: a warm trial's actor the worker's CPUs and GPU; a Ray Train trial's driver
-    next to nothing (its workers hold theirs)."""
-    sweep = sweep_from_dict(params["sweep"])
-    return warm_trial.actor_resources(sweep) if warm_trial.wanted(sweep, params["family"]) else {"CPU": DRIVER_CPUS}
+def trial_resources(params: dict[str, Any]) -> dict[str, float] | PlacementGroupFactory:
+    """What a trial's Tune actor holds: a warm trial's actor its workers' CPUs and GPUs
+    (``warm_trial.actor_resources``); a Ray Train trial's driver next to nothing (its workers hold theirs)."""
+    sweep, family = sweep_from_dict(params["sweep"]), params["family"]
+    return warm_trial.actor_resources(sweep, family) if warm_trial.wanted(sweep) else {"CPU": DRIVER_CPUS}
 
 
 def worker_env(sweep: SweepConfig) -> dict[str, str]:
@@ -160,7 +164,7 @@ def trial_driver(params: dict[str, Any]) -> None:
     if stale:
         print(f"[calsweep] {trial.trial_id}: checkpoints of another config removed ({stale})", flush=True)
     try:
-        if warm_trial.wanted(sweep, trial.family):
+        if warm_trial.wanted(sweep):
             metrics = warm_trial.run(sweep, trial, params["storage_path"], name, store.trial_writers())
         else:
             metrics = _fit(sweep, trial, params["storage_path"], name)

@@ -1,4 +1,4 @@
-"""A one-worker trial run in its own Ray Tune actor, with no Ray Train worker group: the warm path.
+"""A trial run in its own Ray Tune actor, with no Ray Train worker group: the warm path.
 
 Ray Tune hands a finished trial's actor to the next trial of the same resources (``TuneConfig(reuse_actors=True)``),
 so a one-worker trial runs ``trainable.worker.run_trial`` from its Tune function. What outlives a trial is the
@@ -13,7 +13,11 @@ reused (Tune ends it), so a retry starts in a fresh process.
 Checkpoints go to the trial's run folder in the results storage, named as Ray Train names them
 (``sweeps.checkpoints.persist``), and a trial starts from the newest there (``sweeps.checkpoints.latest``): a
 trial retried by Tune's ``FailureConfig`` after an error or the death of its process, a resumed one or a re-run
-one continues from it, as a Ray Train trial does. Multi-worker trials keep Ray Train (``sweeps.driver``).
+one continues from it, as a Ray Train trial does.
+
+A trial of several workers runs the same way on rank 0, with ranks 1..N-1 in helper actors of the Tune actor's
+placement group, kept with it (``sweeps.warm_group``); ``resources.warm_trials: false`` gives every trial a Ray Train
+worker group instead (``sweeps.driver``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import gc
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from sweeps import checkpoints
 from sweeps.config import SweepConfig, workers_for
@@ -30,6 +35,8 @@ from trainable.config import TrialConfig
 
 if TYPE_CHECKING:  # torch and the worker load in the trial's actor, not with the launcher
     import torch
+    import torch.distributed as dist
+    from ray.tune import PlacementGroupFactory
 
     from trainable.worker import TrialWriters
 
@@ -37,18 +44,26 @@ if TYPE_CHECKING:  # torch and the worker load in the trial's actor, not with th
 TRIAL_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calsweep-trial")  # started by the first trial
 
 
-def wanted(sweep: SweepConfig, family: str) -> bool:
-    """Whether a trial of ``family`` runs warm: ``resources.warm_trials`` is on and it has one worker."""
-    return sweep.resources.warm_trials and workers_for(sweep, family) == 1
+def wanted(sweep: SweepConfig) -> bool:
+    """Whether the sweep's trials run warm, of one worker or several: ``resources.warm_trials`` is on."""
+    return sweep.resources.warm_trials
 
 
-def actor_resources(sweep: SweepConfig) -> dict[str, float]:
-    """The Tune actor of a warm trial holds what its one Ray Train worker would have held."""
+def actor_resources(sweep: SweepConfig, family: str) -> dict[str, float] | PlacementGroupFactory:
+    """What a warm trial's Tune actor holds: what its one Ray Train worker would have held; with N workers, a
+    placement group of N such bundles (``PACK``), the first the actor's own (rank 0), the others its helper ranks'
+    (``sweeps.warm_group``): Tune reuses the actor, with its group, for a next trial of the same resources."""
     gpus = sweep.resources.gpus_per_worker or 0
-    return {"CPU": sweep.resources.cpus_per_worker or 1, **({"GPU": gpus} if gpus else {})}
+    bundle = {"CPU": sweep.resources.cpus_per_worker or 1, **({"GPU": gpus} if gpus else {})}
+    workers = workers_for(sweep, family)
+    if workers == 1:
+        return bundle
+    from ray import tune
+
+    return tune.PlacementGroupFactory([bundle] * workers, strategy="PACK")
 
 
-def _device() -> torch.device:
+def accelerator() -> torch.device:
     """This actor's accelerator (Ray sets CUDA_VISIBLE_DEVICES to the trial's GPU), else the CPU."""
     import torch
 
@@ -73,58 +88,92 @@ def cap_threads(sweep: SweepConfig) -> None:
     torch._inductor.config.compile_threads = int(env["TORCHINDUCTOR_COMPILE_THREADS"])
 
 
-def process_group(device: torch.device) -> None:
-    """A torch.distributed group of this one process (gloo on the CPU, NCCL on CUDA) on an in-memory store: no port
-    to race for. A warm actor's first trial makes it and its later trials keep it; the GPU memory probe makes one too."""
+def process_group(device: torch.device, rank: int = 0, world_size: int = 1, store: dist.TCPStore | None = None) -> None:
+    """A torch.distributed group (gloo on the CPU, NCCL on CUDA): of this one process on an in-memory store (no
+    port to race for), or, with ``store`` (rank 0's TCP store), this process as ``rank`` of ``world_size``
+    (``sweeps.warm_group``). A warm actor's first trial makes it and its later trials keep it; the GPU memory probe
+    makes one too. Every process sees its one GPU only (Ray's CUDA_VISIBLE_DEVICES): its local rank is 0."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
-    with socket.socket() as probe:  # DeepSpeed wants a master address in the environment; nothing connects to it
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                      LOCAL_WORLD_SIZE="1")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                            world_size=1)
+    if store is None:
+        with socket.socket() as probe:  # DeepSpeed wants a master address in the environment; nothing connects to it
+            probe.bind(("127.0.0.1", 0))
+            address, port = "127.0.0.1", probe.getsockname()[1]
+    else:
+        address, port = store.host, store.port
+    os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store or dist.HashStore(), rank=rank,
+                            world_size=world_size)
 
 
 def run(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: str, writers: TrialWriters) -> dict[str, Any]:
     """Run ``trial`` in this process on its trial thread (``TRIAL_THREAD``), reporting to Tune; checkpoints in the
     run folder ``name`` under ``storage_path``, resumed from its newest. Returns the final metrics (what the store's
-    row is made of); the trial's exceptions, and Tune's stop (SystemExit at a report), reach the caller."""
+    row is made of); the trial's exceptions, and Tune's stop (SystemExit at a report), reach the caller. A trial of
+    several workers runs with its helper ranks (``sweeps.warm_group``)."""
+    if workers_for(sweep, trial.family) > 1:
+        from sweeps import warm_group
+
+        return warm_group.run(sweep, trial, storage_path, name, writers)
     trial_run = TRIAL_THREAD.submit(_run_here, sweep, trial, storage_path, name, writers)
-    TRIAL_THREAD.submit(_release_memory)  # while Tune books the trial; the next trial's run queues behind it
+    TRIAL_THREAD.submit(release_memory)  # while Tune books the trial; the next trial's run queues behind it
     return trial_run.result()
 
 
 def _run_here(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: str,
               writers: TrialWriters) -> dict[str, Any]:
     """``run``'s work, on the calling thread."""
-    import torch
+    cap_threads(sweep)
+    process_group(accelerator())
+    return run_rank(sweep, trial, storage_path, name, tune_report(trial), writers)
+
+
+def tune_report(trial: TrialConfig) -> Callable[[dict[str, Any]], None]:
+    """Rank 0's reports: to Tune, and to the trial's live gauges."""
     from ray import tune
 
-    from trainable.worker import LiveMetrics, run_trial
+    from trainable.worker import LiveMetrics
 
-    device = _device()
-    cap_threads(sweep)
-    process_group(device)
     gauges = LiveMetrics(trial.trial_id)
 
     def report(metrics: dict[str, Any]) -> None:
         gauges.set(metrics)
         tune.report(metrics)
 
-    def report_checkpoint(metrics: dict[str, Any], directory) -> None:
-        if directory is not None:  # stored before the report: a death after the report resumes from it
-            checkpoints.persist(storage_path, name, directory, sweep.train.checkpoints_to_keep)
+    return report
+
+
+def run_rank(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: str,
+             report: Callable[[dict[str, Any]], None], writers: TrialWriters) -> dict[str, Any]:
+    """This process's rank of ``trial`` (the torch.distributed group made, ``process_group``), on the calling thread,
+    from the run's newest checkpoint; ``report`` gets this rank's reports. At a checkpoint every rank copies its part
+    into the stored folder that rank 0 names, and rank 0, once all have, its own with ``trial.json`` last: the folder
+    is complete when every rank's part is in it."""
+    import torch.distributed as dist
+
+    from trainable.worker import run_trial
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+
+    def report_checkpoint(metrics: dict[str, Any], directory: Path | None) -> None:
+        target = [checkpoints.new_folder(storage_path, name) if rank == 0 else None]
+        dist.broadcast_object_list(target, src=0)
+        if rank != 0 and directory is not None:
+            checkpoints.copy_part(storage_path, directory, target[0])
+        dist.barrier()
+        if rank == 0 and directory is not None:  # stored before the report: a death after the report resumes from it
+            checkpoints.persist(storage_path, name, directory, sweep.train.checkpoints_to_keep, target[0])
         report(metrics)
 
     with checkpoints.latest(storage_path, name) as resume_from:
-        return run_trial(trial, device, 0, 1, report, report_checkpoint, resume_from=resume_from, writers=writers)
+        return run_trial(trial, accelerator(), rank, world_size, report, report_checkpoint, resume_from=resume_from,
+                         writers=writers)
 
 
-def _release_memory() -> None:
+def release_memory() -> None:
     """After a trial, on its thread: its model, optimizer and engine (gone with ``_run_here``'s frame, some in
     reference cycles) collected, and the CUDA allocator's cache emptied."""
     import torch

