@@ -9,7 +9,10 @@ of every pending trial handed out (up to ``TUNE_MAX_PENDING_TRIALS_PG``; for thi
 waits behind another. But a multi-GPU trial's Tune actor holds next to nothing (``sweeps.driver``): its GPUs are
 its Ray Train workers' placement group, which waits in Ray while the trial counts against the cap. In plain
 longest-first order, multi-GPU trials waiting for GPUs would fill the cap while one-GPU trials that fit the free
-GPUs were never handed out: hence the order.
+GPUs were never handed out: hence the order. That holds for Ray Train trials (``resources.warm_trials: false``); a
+warm multi-GPU trial's Tune actor holds its placement group itself (``sweeps.warm_group``), so Tune starts it only
+when its GPUs are free, and the simulated hand-out can keep a one-GPU trial waiting for seconds
+(tests/sweeps/test_trial_order.py marks that test an expected failure until the order is revisited).
 """
 
 from __future__ import annotations

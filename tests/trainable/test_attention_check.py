@@ -37,6 +37,17 @@ def wrapped_and_batch(tiny_llama_config, data_dir):
     return CausalLMWithFusedLoss(model, 0.1), collate(examples[:4], tokenizer.pad_token_id, 8)
 
 
+def counted_loss(wrapped, batch):
+    """(a list that grows by one per forward, the loss function of ``batch`` that appends to it)."""
+    forwards = []
+
+    def loss():
+        forwards.append(1)
+        return wrapped(**batch)
+
+    return forwards, loss
+
+
 def test_sdpa_s_own_kernel_agrees_with_math_and_is_kept(wrapped_and_batch):
     wrapped, batch = wrapped_and_batch
     wrapped.train()
@@ -61,12 +72,7 @@ def test_the_ranks_keep_a_candidate_only_if_it_agrees_on_all_of_them(wrapped_and
 def test_one_rank_checks_each_key_once(wrapped_and_batch):
     """A warm process's later trial of the same key takes the first check's choice: no forward runs."""
     wrapped, batch = wrapped_and_batch
-    forwards = []
-
-    def loss():
-        forwards.append(1)
-        return wrapped(**batch)
-
+    forwards, loss = counted_loss(wrapped, batch)
     first = choose_attention_once("test-key", wrapped.model, loss)
     checked = len(forwards)
     assert first.name == "default" and checked >= 2  # the math reference and SDPA's own choice
@@ -98,12 +104,7 @@ def test_agreement_tolerates_rounding_and_rejects_a_wrong_kernel():
 def test_a_candidate_that_fails_on_the_recorded_calls_runs_no_model_forward(wrapped_and_batch):
     """cuDNN has no CPU kernel: the recorded attention calls show it before any forward of the model runs with it."""
     wrapped, batch = wrapped_and_batch
-    forwards = []
-
-    def loss():
-        forwards.append(1)
-        return wrapped(**batch)
-
+    forwards, loss = counted_loss(wrapped, batch)
     candidates = (("cudnn_only", (SDPBackend.CUDNN_ATTENTION,)), ("default", None))
     choice = choose_attention(wrapped.model, loss, candidates)
     assert choice.name == "default" and choice.report["cudnn_only"].startswith("fails:")
