@@ -181,13 +181,14 @@ class SweepConfig:
         return _layout(self.train, self.resources, self.sft, family, _custom_key(self.custom_models))
 
     def layout_with_less_recompute(self, family: str) -> Layout | None:
-        """The cheapest fitting layout that recomputes fewer layers than the family's planned one (on more GPUs, as a
-        rule), or None: the alternative the planner priced higher (``trainable.layout.fitting_layouts``)."""
+        """The cheapest fitting layout on more GPUs that recomputes fewer layers than the family's planned one, or
+        None: the alternative the planner priced higher (``trainable.layout.fitting_layouts``)."""
         try:
             layouts = _planned(self.train, self.resources, self.sft, family, _custom_key(self.custom_models))
         except ValueError:
             return None
-        return next((c for c in layouts or () if c.checkpointed < layouts[0].checkpointed), None)
+        return next((c for c in layouts or () if c.workers > layouts[0].workers
+                     and c.checkpointed < layouts[0].checkpointed), None)
 
     def shape(self, family: str) -> ModelShape | None:
         """The family's ``trainable.layout.ModelShape`` (registry or custom model), None where it cannot be read."""
