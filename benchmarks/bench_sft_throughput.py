@@ -83,7 +83,7 @@ def shape_config(name: str) -> dict:
     check of a large shape's memory model on fewer GPUs). Raises ValueError naming the bad shape."""
     key, _, layers = name.partition("@")
     if key not in SHAPES or layers and not (layers.endswith("L") and layers[:-1].isdigit() and int(layers[:-1]) >= 1):
-        raise ValueError(f"expected a shape from {sorted(SHAPES)}, optionally @<layers>L (e.g. 32b@12L), "
+        raise ValueError(f"expected shape in {sorted(SHAPES)}, optionally @<layers>L (e.g. 32b@12L), "
                          f"got {name!r}")
     return {**SHAPES[key], **({"num_hidden_layers": int(layers[:-1])} if layers else {})}
 
