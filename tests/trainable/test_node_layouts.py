@@ -7,7 +7,7 @@ import pytest
 
 from sweeps.config import load_sweep
 from sweeps.launch import main
-from trainable.layout import (FSDP2_HEAD_BYTES, GIB, NCCL_BUFFER_BYTES, budget_bytes, fitting_layouts,
+from trainable.layout import (FSDP2_HEAD_BYTES, GIB, NCCL_BUFFER_BYTES, ModelShape, budget_bytes, fitting_layouts,
                               fsdp2_state_bytes, gpu_hours, hsdp_replicas, phase_peaks, plan_layout)
 
 NODE = Path(__file__).parents[2] / "sweeps" / "configs" / "node_llama.yaml"
@@ -95,6 +95,13 @@ def test_32b_fits_one_node_with_recomputation_and_no_fewer_gpus(node):
     assert 16 * shape.params / 8 / GIB == pytest.approx(60.6, abs=0.1)
     with pytest.raises(ValueError, match="got none"):
         plan_layout(shape, SEQ, SEQUENCES, MICRO, H100, max_workers=4, preferred_engine="fsdp2")
+    # the next larger Llama shape, CodeLlama-34B's decoder with Llama-3's vocabulary (35.3B), fits no node of 8
+    larger = ModelShape.from_config({"hidden_size": 8192, "intermediate_size": 22016, "num_hidden_layers": 48,
+                                     "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+                                     "vocab_size": VOCAB, "tie_word_embeddings": False})
+    assert larger.params == _llama_params(8192, 22016, 48, 64, 8)
+    with pytest.raises(ValueError, match="got none"):
+        plan_layout(larger, SEQ, SEQUENCES, MICRO, H100, max_workers=8, preferred_engine="fsdp2")
 
 
 def test_the_dry_run_prints_the_plans_their_gpu_hours_and_why_not_hsdp(data_dir, tmp_path, capsys):
