@@ -3,6 +3,9 @@ model shape, batch, data and beta, in one run.
 
     python benchmarks/bench_sft_throughput.py --out throughput.json                  # the default rows below
     python benchmarks/bench_sft_throughput.py --rows 1b:1:0:4:random,1b:1:3:4:random --impls calsweep
+    python benchmarks/bench_sft_throughput.py --rows 8b:2:auto:8:random,8b:4:auto:8:random,8b:8:auto:8:random \
+        --impls calsweep,torchtitan_settings          # issue 47: scaling, torchtitan's settings beside each row
+    python benchmarks/bench_sft_throughput.py --rows 14b:4:auto:2:random,32b@14L:2:auto:2:random --impls calsweep
 
 A row is ``shape:gpus:zero_stage:batch_per_gpu:data``; the defaults are issue 35's rows: the 1B shape on one GPU
 (ZeRO-0, ZeRO-3), on two (ZeRO-2, ZeRO-3, auto), the 8B shape on two (ZeRO-2, ZeRO-3, auto) and packed Alpaca.
@@ -10,8 +13,11 @@ A row is ``shape:gpus:zero_stage:batch_per_gpu:data``; the defaults are issue 35
 sequences per step (batch x GPUs): stage, micro-batch x accumulation and recomputed layers, as a sweep trial
 would; ``--recompute K`` recomputes the first K decoder layers of the other rows and ``--micro-batch M`` splits
 their batch into micro-batches of M. Shapes: ``1b`` Llama-3.2-1B (1.24B params, vocab 128,256, tied), ``8b``
-Llama-3.1-8B (8.03B, untied), ``tiny`` and ``small`` (2 and 4 layers of width 64 and 128, for the CPU); random
-init in bf16 on the GPU, SDPA attention, sequence ``--seq-len`` (2048).
+Llama-3.1-8B (8.03B, untied), ``tiny`` and ``small`` (2 and 4 layers of width 64 and 128, for the CPU), and the
+shapes that need a node, as ``sweeps/configs/node_llama.yaml`` declares them: ``14b``, ``32b``, ``70b``;
+``SHAPE@NL`` keeps the first N decoder layers (``32b@14L``: the 32B shape's states per GPU on 2 GPUs that the
+whole shape has on 8, to check its memory model on fewer GPUs); random init in bf16 on the GPU, SDPA attention,
+sequence ``--seq-len`` (2048).
 ``random``: one batch of random tokens, every token labelled. ``alpaca``: the project's SFT data path
 (``trainable.sft_data.build_sft_examples`` on Alpaca under ``--data-dir`` with the ``--tokenizer`` family or
 folder, loss on responses only) in packed rows of ``--seq-len`` tokens (``trainable.sequence_packing``), the same
@@ -24,7 +30,16 @@ Each (row, implementation) runs under ``torchrun`` in its own processes (clean p
   engine from ``trainable.deepspeed_setup``, fused label-smoothed loss, torch's fused AdamW) without / with the
   trial's compilation (``trainable.compiled``, the CUDA default). On an ``auto`` row ``calsweep`` runs what a
   trial runs by default: a ZeRO-3 or one-GPU layout on FSDP2 (``trainable.layout.layout_engine``).
-Tokens/s count real (non-padding) tokens over all ranks, per GPU. For the Trainer they are counted as its data
+- ``torchtitan_settings``: torchtitan's Llama-3.1-8B row (docs/performance.md, Table 1: FSDP + torch.compile, 8
+  H100s, local batch 2 x 8192 tokens, 6,667 tokens/s per GPU) as far as its settings carry over: FSDP2 (bf16
+  compute, float32 reduce; ``trainable.fsdp2_engine``), each decoder layer compiled, fused AdamW, the same tokens
+  per GPU per step as the row (8 x 2048 = 2 x 8192), the layout planned as ZeRO-3's on auto rows; and its loss,
+  plain cross-entropy on float32 logits (``benchmarks/plain_cross_entropy.py``). What differs: 2048-token rows
+  (less attention work than 8192), the planner's recomputed layers instead of torchtitan's per-op selective
+  checkpointing, random tokens, this host's GPUs (torchtitan's: 96 GB H100s at 500 W); its logits count in its
+  peak but not in the prediction. calsweep's rows run the fused label-smoothed loss that never forms the logits.
+Tokens/s count real (non-padding) tokens over all ranks, per GPU; "vs fewest" is the per-GPU rate against the same
+implementation's random row of the shape on the fewest GPUs in the run (the scaling; one GPU where it fits). For the Trainer they are counted as its data
 collator hands rows out (its loader runs one batch ahead at both ends of the timed window, so the counts shift
 and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embedding params + the LM head.
 Peak memory is the largest over the ranks (PyTorch's allocator), beside ``trainable.layout``'s prediction for
@@ -237,9 +252,9 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     wrapped = PlainCrossEntropyLM(model) if titan else CausalLMWithFusedLoss(model, label_smoothing=args.beta)
     if impl == "calsweep_engine_compile":
         ds = {**ds, "compile": {"deepcompile": True}}
+    compiled_impls = ("calsweep", "calsweep_fsdp2", "torchtitan_settings")
     train = with_layout(TrainConfig(max_steps=args.warmup + args.steps, precision="auto", warmup_ratio=0.0,
-                                    compile=impl in ("calsweep", "calsweep_fsdp2", "torchtitan_settings"), deepspeed=ds),
-                        layout, shape)
+                                    compile=impl in compiled_impls, deepspeed=ds), layout, shape)
     build_engine = fsdp2_engine.build_engine if fsdp2 else deepspeed_setup.build_engine
     engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world)
     if impl == "calsweep_engine_compile":  # DeepSpeed's own torch.compile of the whole module (ZeRO-3 aware hooks)
@@ -474,7 +489,8 @@ def _layout_text(r: dict) -> str:
     recompute = f" recompute {r['recomputed_layers']}/{r['layers']}" if r["recomputed_layers"] else ""
     buckets = "" if r.get("wide_buckets", True) or r.get("engine") == "fsdp2" else " layer buckets"
     engine = "FSDP2" if r.get("engine") == "fsdp2" else f"ZeRO-{r['zero_stage']}"
-    against = f" peak/pred {r['peak_gib'] / r['predicted_peak_gib']:.2f}" if r.get("predicted_peak_gib") and r["peak_gib"] else ""
+    measured, predicted = r["peak_gib"], r.get("predicted_peak_gib")
+    against = f" peak/pred {measured / predicted:.2f}" if measured and predicted else ""
     return (f"{engine} {r['micro_batch']}x{r['accumulation']}{recompute}{buckets}{against} graphs {r['graphs']} "
             f"breaks {r['graph_breaks']} recompiles {r['recompiles']}")
 
