@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest
 
 from sweeps.config import load_sweep
+from trainable.config import TrainConfig
 from sweeps.launch import main
 from trainable.layout import (FSDP2_HEAD_BYTES, GIB, NCCL_BUFFER_BYTES, ModelShape, budget_bytes, fitting_layouts,
-                              fsdp2_state_bytes, gpu_hours, hsdp_replicas, phase_peaks, plan_layout)
+                              fsdp2_state_bytes, gpu_hours, hsdp_replicas, phase_peaks, plan_layout,
+                              with_layout)
 
 NODE = Path(__file__).parents[2] / "sweeps" / "configs" / "node_llama.yaml"
 H100 = 79.6 * GIB
@@ -69,6 +71,7 @@ def test_hsdp_is_chosen_where_a_replica_group_fits():
     layout = _plan(shape, workers=16, stage=3)
     assert (layout.workers, layout.replicas, layout.checkpointed) == (16, 2, 0)
     assert "FSDP2 HSDP (2 replicas x 8 shards)" in layout.describe(shape.layers)
+    assert with_layout(TrainConfig(engine="fsdp2"), layout, shape).fsdp_replicas == 2  # what the engine's mesh reads
     assert fsdp2_state_bytes(shape, 16, 2) == 16 * 8_030_261_248 / 8 + NCCL_BUFFER_BYTES + \
         FSDP2_HEAD_BYTES * VOCAB * 4096
     # within one node there is no HSDP: 8 GPUs shard fully
