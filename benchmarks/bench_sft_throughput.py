@@ -49,6 +49,9 @@ into calsweep's DeepSpeed config (knob trials). ``calsweep_engine_compile`` is D
 (``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop. ``calsweep_fsdp2`` (rows of stage 3,
 or auto: its micro-batch, accumulation and recomputed layers) is the same compiled trial loop on the trials' FSDP2
 engine (``trainable.fsdp2_engine``, ``train.engine: fsdp2``): ZeRO-3's layout under another engine.
+FSDP2 runs build the whole float32 model on each GPU before sharding it, as trials do; ``--meta-init`` builds it on
+the meta device and each rank allocates and initialises only its shards (``fsdp2_engine.init_sharded``): needed for
+``32b`` and ``70b`` rows, whose float32 copies (121 and 263 GiB) fit no GPU.
 """
 
 from __future__ import annotations
@@ -247,7 +250,9 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     shape, layout = _layout(args, row, device, preferred, stage=3 if titan else None)
     fsdp2 = layout.engine == "fsdp2"
     ds = {} if fsdp2 else ds
-    model = _model(row["shape"], device, dtype=torch.float32 if fsdp2 else None)  # FSDP2 keeps fp32 master weights
+    meta = fsdp2 and args.meta_init  # each rank allocates only its shards (a float32 32B is 121 GiB a GPU otherwise)
+    model = _model(row["shape"], torch.device("meta") if meta else device,
+                   dtype=torch.float32 if fsdp2 else None)  # FSDP2 keeps fp32 master weights
     flops = _flops_per_token(model, args.seq_len)
     wrapped = PlainCrossEntropyLM(model) if titan else CausalLMWithFusedLoss(model, label_smoothing=args.beta)
     if impl == "calsweep_engine_compile":
@@ -256,7 +261,8 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     train = with_layout(TrainConfig(max_steps=args.warmup + args.steps, precision="auto", warmup_ratio=0.0,
                                     compile=impl in compiled_impls, deepspeed=ds), layout, shape)
     build_engine = fsdp2_engine.build_engine if fsdp2 else deepspeed_setup.build_engine
-    engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world)
+    engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world,
+                             **({"init_std": model.config.initializer_range} if meta else {}))
     if impl == "calsweep_engine_compile":  # DeepSpeed's own torch.compile of the whole module (ZeRO-3 aware hooks)
         engine.compile()
     batches, _ = _rows_of_data(args, row, rank, world, layout.micro_batch_size)
@@ -442,9 +448,9 @@ def worker(args) -> None:
 def _launch(args, row: dict, impl: str, part: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={row['gpus']}",
                __file__, "--worker", "--impl", impl, "--row", row_name(row), "--out", str(part)] + \
-        [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+        [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in vars(args).items()
          if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute",
-                  "micro_batch", "gpu_memory_gib")
+                  "micro_batch", "gpu_memory_gib", "meta_init")
          and v]
     completed = subprocess.run(command, text=True)
     if completed.returncode == 0 and part.exists():
@@ -513,6 +519,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="calsweep rows with a stage: recompute the first K decoder layers in the backward")
     parser.add_argument("--micro-batch", type=int, default=0,
                         help="calsweep rows with a stage: micro-batch per GPU (accumulating to the row's batch)")
+    parser.add_argument("--meta-init", action="store_true",
+                        help="FSDP2 runs: build the model on the meta device and initialise each rank's shards (for "
+                             "shapes whose float32 copy does not fit one GPU: 32b and 70b on a node)")
     parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps on rank 0")
     parser.add_argument("--trace", default=None, help="with --profile: write the Chrome trace here")
     parser.add_argument("--out", default="sft_throughput.json")

@@ -122,10 +122,12 @@ class Fsdp2Engine:
 
 
 def build_engine(module: nn.Module, train: TrainConfig, learning_rate: float, total_steps: int,
-                 device: torch.device, world_size: int) -> tuple[Fsdp2Engine, str]:
+                 device: torch.device, world_size: int, init_std: float | None = None) -> tuple[Fsdp2Engine, str]:
     """(engine, precision) for ``module`` (a ``CausalLMWithFusedLoss``), as ``deepspeed_setup.build_engine``;
     torch.distributed must already be initialised (Ray Train does it). ``module`` is sharded in place, its
-    parameters made float32 DTensors on ``device``."""
+    parameters made float32 DTensors on ``device``. A module built on the meta device (a model whose float32 copy
+    does not fit one GPU) needs ``init_std``: each rank then allocates and initialises only its shards
+    (``init_sharded``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from trainable.compiled import decoder_layers
@@ -140,6 +142,8 @@ def build_engine(module: nn.Module, train: TrainConfig, learning_rate: float, to
     for layer in decoder_layers(module):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
+    if init_std is not None:
+        init_sharded(module, device, init_std)
     optimizer = adamw([p for p in module.parameters() if p.requires_grad], train, learning_rate, device)
     warmup = int(train.warmup_ratio * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train.schedule, total_steps, warmup))
@@ -157,3 +161,20 @@ def device_mesh(device_type: str, world_size: int, replicas: int = 1):
     if replicas == 1:
         return init_device_mesh(device_type, (world_size,))
     return init_device_mesh(device_type, (replicas, world_size // replicas), mesh_dim_names=("replicate", "shard"))
+
+
+def init_sharded(module: nn.Module, device: torch.device, std: float) -> None:
+    """Give a sharded module built on the meta device storage on ``device`` (each rank its shards) and a Llama's
+    initialisation: matrices and embeddings drawn from N(0, std^2), norm weights (vectors) 1; the rotary
+    embeddings' buffers (computed in their constructor, not stored) made again from their config."""
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0.0, std)
+            else:
+                parameter.fill_(1.0)
+        for rotary in [m for m in module.modules() if type(m).__name__.endswith("RotaryEmbedding")]:
+            fresh = type(rotary)(rotary.config).to(device)
+            for name, buffer in fresh.named_buffers(recurse=False):
+                setattr(rotary, name, buffer)

@@ -62,6 +62,17 @@ def _rank_losses(rank: int, world: int, port: int, out: str) -> None:
         weight = engine.module.model.model.layers[0].mlp.up_proj.weight
         results[replicas] = {"losses": losses, "mesh": tuple(weight.device_mesh.shape),
                              "placements": [type(p).__name__ for p in weight.placements]}
+    if world == 1:  # the same model built on the meta device, each rank's shards allocated and initialised
+        with torch.device("meta"):
+            meta = _model()
+        engine, _ = build_engine(meta, train, 1e-2, STEPS, cpu, world, init_std=0.02)
+        model = engine.module.model.model
+        built = _model().model.model
+        results["meta"] = {"rotary": torch.equal(model.rotary_emb.inv_freq, built.rotary_emb.inv_freq),
+                           "norm": float(model.norm.weight.full_tensor().mean()),
+                           "std": float(model.layers[0].mlp.up_proj.weight.full_tensor().std()),
+                           "loss": PendingLoss(optimizer_step(engine, _step_batches(0), cpu, world), accumulation,
+                                               world).value()}
     if rank == 0:
         torch.save(results, f"{out}/world{world}.pt")
     dist.destroy_process_group()
@@ -87,10 +98,15 @@ def test_hsdp_and_a_full_shard_over_8_ranks_give_one_rank_s_losses(tmp_path):
     logs = [process.communicate(timeout=300)[0] for process in ranks]
     failed = [log[-3000:] for process, log in zip(ranks, logs) if process.returncode != 0]
     assert not failed, failed[0]
-    eight, one = torch.load(tmp_path / "world8.pt"), torch.load(tmp_path / "world1.pt")[1]
+    eight, ones = torch.load(tmp_path / "world8.pt"), torch.load(tmp_path / "world1.pt")
+    one, meta = ones[1], ones["meta"]
     assert eight[2]["mesh"] == (2, 4) and eight[2]["placements"] == ["Replicate", "Shard"]  # HSDP's 2-D mesh
     assert eight[1]["mesh"] == (8,) and eight[1]["placements"] == ["Shard"]
     assert len(set(one["losses"])) == STEPS  # the steps train: each loss differs from the last
     for replicas in (2, 1):
         # float32; the ranks reduce in another order than one rank's accumulation: a few ulps, grown by 2 updates
         assert eight[replicas]["losses"] == pytest.approx(one["losses"], rel=1e-5)
+    # built on the meta device: the rotary buffers as built on the CPU, norms 1, matrices N(0, 0.02^2), and a first
+    # loss near log(vocabulary) = 5.70, as the CPU-built model's
+    assert meta["rotary"] and meta["norm"] == 1.0 and meta["std"] == pytest.approx(0.02, rel=0.05)
+    assert meta["loss"] == pytest.approx(one["losses"][0], abs=0.05)
