@@ -3,6 +3,9 @@ model shape, batch, data and beta, in one run.
 
     python benchmarks/bench_sft_throughput.py --out throughput.json                  # the default rows below
     python benchmarks/bench_sft_throughput.py --rows 1b:1:0:4:random,1b:1:3:4:random --impls calsweep
+    python benchmarks/bench_sft_throughput.py --rows 8b:2:auto:8:random,8b:4:auto:8:random,8b:8:auto:8:random \
+        --impls calsweep,torchtitan_settings          # issue 47: scaling, torchtitan's settings beside each row
+    python benchmarks/bench_sft_throughput.py --rows 14b:4:auto:2:random,32b@14L:2:auto:2:random --impls calsweep
 
 A row is ``shape:gpus:zero_stage:batch_per_gpu:data``; the defaults are issue 35's rows: the 1B shape on one GPU
 (ZeRO-0, ZeRO-3), on two (ZeRO-2, ZeRO-3, auto), the 8B shape on two (ZeRO-2, ZeRO-3, auto) and packed Alpaca.
@@ -10,8 +13,11 @@ A row is ``shape:gpus:zero_stage:batch_per_gpu:data``; the defaults are issue 35
 sequences per step (batch x GPUs): stage, micro-batch x accumulation and recomputed layers, as a sweep trial
 would; ``--recompute K`` recomputes the first K decoder layers of the other rows and ``--micro-batch M`` splits
 their batch into micro-batches of M. Shapes: ``1b`` Llama-3.2-1B (1.24B params, vocab 128,256, tied), ``8b``
-Llama-3.1-8B (8.03B, untied), ``tiny`` and ``small`` (2 and 4 layers of width 64 and 128, for the CPU); random
-init in bf16 on the GPU, SDPA attention, sequence ``--seq-len`` (2048).
+Llama-3.1-8B (8.03B, untied), ``tiny`` and ``small`` (2 and 4 layers of width 64 and 128, for the CPU), and the
+shapes that need a node, as ``sweeps/configs/node_llama.yaml`` declares them: ``14b``, ``32b``, ``70b``;
+``SHAPE@NL`` keeps the first N decoder layers (``32b@14L``: the 32B shape's states per GPU on 2 GPUs that the
+whole shape has on 8, to check its memory model on fewer GPUs); random init in bf16 on the GPU, SDPA attention,
+sequence ``--seq-len`` (2048).
 ``random``: one batch of random tokens, every token labelled. ``alpaca``: the project's SFT data path
 (``trainable.sft_data.build_sft_examples`` on Alpaca under ``--data-dir`` with the ``--tokenizer`` family or
 folder, loss on responses only) in packed rows of ``--seq-len`` tokens (``trainable.sequence_packing``), the same
@@ -24,7 +30,16 @@ Each (row, implementation) runs under ``torchrun`` in its own processes (clean p
   engine from ``trainable.deepspeed_setup``, fused label-smoothed loss, torch's fused AdamW) without / with the
   trial's compilation (``trainable.compiled``, the CUDA default). On an ``auto`` row ``calsweep`` runs what a
   trial runs by default: a ZeRO-3 or one-GPU layout on FSDP2 (``trainable.layout.layout_engine``).
-Tokens/s count real (non-padding) tokens over all ranks, per GPU. For the Trainer they are counted as its data
+- ``torchtitan_settings``: torchtitan's Llama-3.1-8B row (docs/performance.md, Table 1: FSDP + torch.compile, 8
+  H100s, local batch 2 x 8192 tokens, 6,667 tokens/s per GPU) as far as its settings carry over: FSDP2 (bf16
+  compute, float32 reduce; ``trainable.fsdp2_engine``), each decoder layer compiled, fused AdamW, the same tokens
+  per GPU per step as the row (8 x 2048 = 2 x 8192), the layout planned as ZeRO-3's on auto rows; and its loss,
+  plain cross-entropy on float32 logits (``benchmarks/plain_cross_entropy.py``). What differs: 2048-token rows
+  (less attention work than 8192), the planner's recomputed layers instead of torchtitan's per-op selective
+  checkpointing, random tokens, this host's GPUs (torchtitan's: 96 GB H100s at 500 W); its logits count in its
+  peak but not in the prediction. calsweep's rows run the fused label-smoothed loss that never forms the logits.
+Tokens/s count real (non-padding) tokens over all ranks, per GPU; "vs fewest" is the per-GPU rate against the same
+implementation's random row of the shape on the fewest GPUs in the run (the scaling; one GPU where it fits). For the Trainer they are counted as its data
 collator hands rows out (its loader runs one batch ahead at both ends of the timed window, so the counts shift
 and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embedding params + the LM head.
 Peak memory is the largest over the ranks (PyTorch's allocator), beside ``trainable.layout``'s prediction for
@@ -34,6 +49,9 @@ into calsweep's DeepSpeed config (knob trials). ``calsweep_engine_compile`` is D
 (``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop. ``calsweep_fsdp2`` (rows of stage 3,
 or auto: its micro-batch, accumulation and recomputed layers) is the same compiled trial loop on the trials' FSDP2
 engine (``trainable.fsdp2_engine``, ``train.engine: fsdp2``): ZeRO-3's layout under another engine.
+FSDP2 runs build the whole float32 model on each GPU before sharding it, as trials do; ``--meta-init`` builds it on
+the meta device and each rank allocates and initialises only its shards (``fsdp2_engine.init_sharded``): needed for
+``32b`` and ``70b`` rows, whose float32 copies (121 and 263 GiB) fit no GPU.
 """
 
 from __future__ import annotations
@@ -48,7 +66,7 @@ import time
 from pathlib import Path
 
 
-IMPLS = ("hf_trainer", "calsweep_eager", "calsweep", "calsweep_engine_compile", "calsweep_fsdp2")
+IMPLS = ("hf_trainer", "calsweep_eager", "calsweep", "calsweep_engine_compile", "calsweep_fsdp2", "torchtitan_settings")
 DEFAULT_ROWS = ("1b:1:0:4:random,1b:1:3:4:random,1b:2:2:4:random,1b:2:3:4:random,1b:2:auto:4:random,"
                 "8b:2:2:2:random,8b:2:3:2:random,8b:2:auto:2:random,1b:1:auto:4:alpaca")
 SHAPES = {
@@ -63,7 +81,29 @@ SHAPES = {
                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0,
                max_position_embeddings=8192, head_dim=128),
 }
+NODE_SHAPES = Path(__file__).resolve().parent.parent / "sweeps" / "configs" / "node_llama.yaml"
 DATA = ("random", "alpaca")
+
+
+def _node_shapes() -> dict[str, dict]:
+    """The shapes that need a node or more, as ``NODE_SHAPES`` declares them: family 'llama-14b' -> '14b'."""
+    import yaml
+
+    models = yaml.safe_load(NODE_SHAPES.read_text())["custom_models"]
+    return {name.removeprefix("llama-"): model["config"] for name, model in models.items()}
+
+
+SHAPES.update(_node_shapes())
+
+
+def shape_config(name: str) -> dict:
+    """A row's shape: a ``SHAPES`` key, or 'KEY@NL' for that shape with its first N decoder layers (a multi-GPU
+    check of a large shape's memory model on fewer GPUs). Raises ValueError naming the bad shape."""
+    key, _, layers = name.partition("@")
+    if key not in SHAPES or layers and not (layers.endswith("L") and layers[:-1].isdigit() and int(layers[:-1]) >= 1):
+        raise ValueError(f"expected shape in {sorted(SHAPES)}, optionally @<layers>L (e.g. 32b@12L), "
+                         f"got {name!r}")
+    return {**SHAPES[key], **({"num_hidden_layers": int(layers[:-1])} if layers else {})}
 
 
 def parse_row(text: str) -> dict:
@@ -76,9 +116,10 @@ def parse_row(text: str) -> dict:
     except ValueError:
         raise ValueError(f"expected a row like 1b:2:3:4:random (shape:gpus:zero_stage:batch_per_gpu:data), "
                          f"got {text!r}") from None
-    if shape not in SHAPES or data not in DATA or row["zero"] not in (0, 1, 2, 3, "auto") or row["gpus"] < 1:
+    if data not in DATA or row["zero"] not in (0, 1, 2, 3, "auto") or row["gpus"] < 1:
         raise ValueError(f"expected shape in {sorted(SHAPES)}, gpus >= 1, zero stage 0-3 or auto and data in "
                          f"{DATA}, got {text!r}")
+    shape_config(shape)
     return row
 
 
@@ -111,7 +152,7 @@ def _model(shape: str, device, dtype=None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", **SHAPES[shape], attn_implementation="sdpa")
+    config = AutoConfig.for_model("llama", **shape_config(shape), attn_implementation="sdpa")
     with torch.device(device):
         return AutoModelForCausalLM.from_config(
             config, dtype=dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32))
@@ -133,7 +174,7 @@ def _rows_of_data(args, row: dict, rank: int, world: int, micro_batch: int | Non
     micro_batch = micro_batch or row["batch"]
     if row["data"] == "random":
         g = torch.Generator().manual_seed(1 + rank)
-        ids = torch.randint(0, SHAPES[row["shape"]]["vocab_size"], (row["batch"], args.seq_len), generator=g)
+        ids = torch.randint(0, shape_config(row["shape"])["vocab_size"], (row["batch"], args.seq_len), generator=g)
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
         micro = [{k: v[i:i + micro_batch] for k, v in batch.items()} for i in range(0, row["batch"], micro_batch)]
         return itertools.cycle(micro), [{k: v[i] for k, v in batch.items()} for i in range(row["batch"])]
@@ -150,15 +191,15 @@ def _rows_of_data(args, row: dict, rank: int, world: int, micro_batch: int | Non
     return batches, [{k: v[i] for k, v in every_row.items()} for i in range(len(rows))]
 
 
-def _layout(args, row: dict, device, preferred: str):
-    """The row's ``trainable.layout.Layout``: planned for 'auto', else the row's stage with ``--micro-batch``
-    (default the whole batch) and ``--recompute`` layers (its ``peak_bytes`` the memory model's prediction either
-    way)."""
+def _layout(args, row: dict, device, preferred: str, stage: int | None = None):
+    """The row's ``trainable.layout.Layout``: planned for 'auto' (held to ZeRO ``stage`` if given), else the row's
+    stage with ``--micro-batch`` (default the whole batch) and ``--recompute`` layers (its ``peak_bytes`` the memory
+    model's prediction either way)."""
     import torch
 
     from trainable.layout import Layout, ModelShape, layout_engine, peak_bytes, plan_layout
 
-    shape = ModelShape.from_config(SHAPES[row["shape"]])
+    shape = ModelShape.from_config(shape_config(row["shape"]))
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
     if args.gpu_memory_gib:  # plan for, and cap PyTorch at, a smaller GPU's memory (an H100's on an H200)
         if device.type == "cuda":
@@ -166,7 +207,7 @@ def _layout(args, row: dict, device, preferred: str):
         memory = args.gpu_memory_gib * 2**30
     if row["zero"] == "auto":
         layout = plan_layout(shape, args.seq_len, row["batch"] * row["gpus"], row["batch"], memory,
-                             workers=row["gpus"], preferred_engine=preferred)
+                             workers=row["gpus"], stage=stage, preferred_engine=preferred)
         engine = layout_engine(layout.zero_stage, layout.workers, preferred, on_gpu=device.type == "cuda")
         return shape, dataclasses.replace(layout, engine=engine)  # as a trial on this device runs it
     micro = args.micro_batch or row["batch"]
@@ -196,24 +237,32 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     from trainable.recompute import recomputed_layers
     from trainable.step_accounting import PendingLoss, optimizer_step
 
+    from plain_cross_entropy import PlainCrossEntropyLM  # this script's sibling (torchrun runs it from benchmarks/)
+
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
     ds = json.loads(args.ds) if args.ds else {}
-    # the engine of ZeRO-3 and one-GPU layouts: FSDP2 for calsweep_fsdp2, a trial's default on auto rows
-    preferred = "fsdp2" if impl == "calsweep_fsdp2" else \
+    # the engine of ZeRO-3 and one-GPU layouts: FSDP2 for calsweep_fsdp2 and torchtitan's settings (held to ZeRO-3's
+    # layout), a trial's default on auto rows
+    titan = impl == "torchtitan_settings"
+    preferred = "fsdp2" if impl in ("calsweep_fsdp2", "torchtitan_settings") else \
         preferred_engine(TrainConfig(deepspeed=ds)) if impl == "calsweep" and row["zero"] == "auto" else "deepspeed"
-    shape, layout = _layout(args, row, device, preferred)
+    shape, layout = _layout(args, row, device, preferred, stage=3 if titan else None)
     fsdp2 = layout.engine == "fsdp2"
     ds = {} if fsdp2 else ds
-    model = _model(row["shape"], device, dtype=torch.float32 if fsdp2 else None)  # FSDP2 keeps fp32 master weights
+    meta = fsdp2 and args.meta_init  # each rank allocates only its shards (a float32 32B is 121 GiB a GPU otherwise)
+    model = _model(row["shape"], torch.device("meta") if meta else device,
+                   dtype=torch.float32 if fsdp2 else None)  # FSDP2 keeps fp32 master weights
     flops = _flops_per_token(model, args.seq_len)
-    wrapped = CausalLMWithFusedLoss(model, label_smoothing=args.beta)
+    wrapped = PlainCrossEntropyLM(model) if titan else CausalLMWithFusedLoss(model, label_smoothing=args.beta)
     if impl == "calsweep_engine_compile":
         ds = {**ds, "compile": {"deepcompile": True}}
+    compiled_impls = ("calsweep", "calsweep_fsdp2", "torchtitan_settings")
     train = with_layout(TrainConfig(max_steps=args.warmup + args.steps, precision="auto", warmup_ratio=0.0,
-                                    compile=impl in ("calsweep", "calsweep_fsdp2"), deepspeed=ds), layout, shape)
+                                    compile=impl in compiled_impls, deepspeed=ds), layout, shape)
     build_engine = fsdp2_engine.build_engine if fsdp2 else deepspeed_setup.build_engine
-    engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world)
+    engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world,
+                             **({"init_std": model.config.initializer_range} if meta else {}))
     if impl == "calsweep_engine_compile":  # DeepSpeed's own torch.compile of the whole module (ZeRO-3 aware hooks)
         engine.compile()
     batches, _ = _rows_of_data(args, row, rank, world, layout.micro_batch_size)
@@ -229,8 +278,8 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
             compiled_decoder_layers(model, compile_wanted(train.compile, device)) as compiled:
         how = ", compiled layers" if compiled else ", deepcompile" if impl == "calsweep_engine_compile" else ""
         sharding = "FSDP2" if fsdp2 else f"ZeRO-{layout.zero_stage}"
-        result, first_steps = _timed(args, row, step, device, flops, tokens,
-                                     f"calsweep ({sharding}, fused LS-CE{how})")
+        name = f"torchtitan settings (FSDP2, plain CE{how})" if titan else f"calsweep ({sharding}, fused LS-CE{how})"
+        result, first_steps = _timed(args, row, step, device, flops, tokens, name)
         result.update(zero_stage=layout.zero_stage, micro_batch=layout.micro_batch_size,
                       accumulation=layout.gradient_accumulation_steps, recomputed_layers=int(layout.checkpointed),
                       layers=shape.layers, predicted_peak_gib=layout.peak_gib, warmup_step_s=first_steps,
@@ -399,9 +448,9 @@ def worker(args) -> None:
 def _launch(args, row: dict, impl: str, part: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={row['gpus']}",
                __file__, "--worker", "--impl", impl, "--row", row_name(row), "--out", str(part)] + \
-        [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+        [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in vars(args).items()
          if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute",
-                  "micro_batch", "gpu_memory_gib")
+                  "micro_batch", "gpu_memory_gib", "meta_init")
          and v]
     completed = subprocess.run(command, text=True)
     if completed.returncode == 0 and part.exists():
@@ -411,14 +460,16 @@ def _launch(args, row: dict, impl: str, part: Path) -> dict:
 
 def table(results: list[dict]) -> str:
     """Rows x implementations: tokens/s per GPU, MFU, peak GiB, step ms, against the Trainer of the same row,
-    against the same implementation's one-GPU random row of the shape, and (real-data rows) against the same
+    against the same implementation's random row of the shape on the fewest GPUs (the scaling: one GPU where the
+    shape fits one), and (real-data rows) against the same
     implementation's random row of the same shape, GPUs, stage and batch."""
     lines = [f"{'row':<22} {'implementation':<52} {'tok/s/GPU':>10} {'MFU':>6} {'peak GiB':>8} {'pred GiB':>8} "
-             f"{'step ms':>8} {'vs Trainer':>10} {'vs 1 GPU':>8} {'vs random':>9}  layout"]
+             f"{'step ms':>8} {'vs Trainer':>10} {'vs fewest':>9} {'vs random':>9}  layout"]
     trainer = {r["row"]: r["tokens_per_s_per_gpu"] for r in results
                if "error" not in r and r["impl"].startswith("Hugging Face")}
-    single = {(r["shape"], r["impl"]): r["tokens_per_s_per_gpu"] for r in results
-              if "error" not in r and r["gpus"] == 1 and r["data"] == "random"}
+    single = {}  # (shape, impl) -> (GPUs, rate) of its random row on the fewest GPUs (one where it fits)
+    for r in sorted((r for r in results if "error" not in r and r["data"] == "random"), key=lambda r: -r["gpus"]):
+        single[(r["shape"], r["impl"])] = (r["gpus"], r["tokens_per_s_per_gpu"])
     random_rows = {(r["shape"], r["gpus"], r["zero"], r["batch"], r["impl"]): r["tokens_per_s_per_gpu"]
                    for r in results if "error" not in r and r["data"] == "random"}
     for r in results:
@@ -426,24 +477,27 @@ def table(results: list[dict]) -> str:
             lines.append(f"{r['row']:<22} {r['impl']:<52} {r['error']}")
             continue
         ratio = f"{r['tokens_per_s_per_gpu'] / trainer[r['row']]:.2f}x" if r["row"] in trainer else "-"
-        own = single.get((r["shape"], r["impl"]))
-        scaling = f"{r['tokens_per_s_per_gpu'] / own:.2f}x" if own and r["gpus"] > 1 else "-"
+        fewest, own = single.get((r["shape"], r["impl"]), (r["gpus"], None))
+        scaling = f"{r['tokens_per_s_per_gpu'] / own:.2f}x" if own and r["gpus"] > fewest else "-"
         same_random = random_rows.get((r["shape"], r["gpus"], r["zero"], r["batch"], r["impl"]))
         real = f"{r['tokens_per_s_per_gpu'] / same_random:.2f}x" if same_random and r["data"] != "random" else "-"
         predicted = f"{r['predicted_peak_gib']:>8.1f}" if "predicted_peak_gib" in r else f"{'-':>8}"
         layout = _layout_text(r) if "zero_stage" in r else ""
         lines.append(f"{r['row']:<22} {r['impl']:<52} {r['tokens_per_s_per_gpu']:>10,.0f} {100 * r['mfu']:>5.1f}% "
-                     f"{r['peak_gib']:>8.1f} {predicted} {r['step_ms']:>8.1f} {ratio:>10} {scaling:>8} {real:>9}  "
+                     f"{r['peak_gib']:>8.1f} {predicted} {r['step_ms']:>8.1f} {ratio:>10} {scaling:>9} {real:>9}  "
                      f"{layout}")
     return "\n".join(lines)
 
 
 def _layout_text(r: dict) -> str:
-    """'ZeRO-3 1x2 recompute 8/32 graphs 1 breaks 0': a calsweep result's layout and Dynamo counts."""
+    """'ZeRO-3 1x2 recompute 8/32 peak/pred 0.97 graphs 1 breaks 0': a calsweep result's layout, its measured peak
+    over the memory model's prediction, and Dynamo counts."""
     recompute = f" recompute {r['recomputed_layers']}/{r['layers']}" if r["recomputed_layers"] else ""
     buckets = "" if r.get("wide_buckets", True) or r.get("engine") == "fsdp2" else " layer buckets"
     engine = "FSDP2" if r.get("engine") == "fsdp2" else f"ZeRO-{r['zero_stage']}"
-    return (f"{engine} {r['micro_batch']}x{r['accumulation']}{recompute}{buckets} graphs {r['graphs']} "
+    measured, predicted = r["peak_gib"], r.get("predicted_peak_gib")
+    against = f" peak/pred {measured / predicted:.2f}" if measured and predicted else ""
+    return (f"{engine} {r['micro_batch']}x{r['accumulation']}{recompute}{buckets}{against} graphs {r['graphs']} "
             f"breaks {r['graph_breaks']} recompiles {r['recompiles']}")
 
 
@@ -465,6 +519,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="calsweep rows with a stage: recompute the first K decoder layers in the backward")
     parser.add_argument("--micro-batch", type=int, default=0,
                         help="calsweep rows with a stage: micro-batch per GPU (accumulating to the row's batch)")
+    parser.add_argument("--meta-init", action="store_true",
+                        help="FSDP2 runs: build the model on the meta device and initialise each rank's shards (for "
+                             "shapes whose float32 copy does not fit one GPU: 32b and 70b on a node)")
     parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps on rank 0")
     parser.add_argument("--trace", default=None, help="with --profile: write the Chrome trace here")
     parser.add_argument("--out", default="sft_throughput.json")
@@ -506,6 +563,8 @@ def main(argv: list[str] | None = None) -> None:
                 continue  # the Trainer has no layout planner: its rows are the stages it is given
             if impl == "calsweep_fsdp2" and row["zero"] != 3:
                 continue  # FSDP2 shards parameters, gradients and states: ZeRO-3's layout (auto rows: calsweep)
+            if impl == "torchtitan_settings" and row["zero"] not in (3, "auto"):
+                continue  # FSDP2: ZeRO-3's layout, planned as such on auto rows
             if row["gpus"] > available:
                 results.append({"impl": impl, "impl_id": impl, "row": row_name(row), **row,
                                 "error": f"skipped: needs {row['gpus']} GPUs, this host has {available}"})

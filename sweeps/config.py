@@ -25,7 +25,7 @@ from common.config import ConfigError, build, suggest
 from sweeps.cluster_gpus import NO_GPU_MEMORY_GB
 from trainable.config import (CustomModel, EvalConfig, SFTConfig, TrainConfig, TrialConfig, check_label_smoothing,
                               check_learning_rate, preferred_engine)
-from trainable.layout import (GIB, Layout, ModelShape, layout_engine, model_shape, plan_layout, planned_stage,
+from trainable.layout import (GIB, Layout, ModelShape, fitting_layouts, layout_engine, model_shape, planned_stage,
                               with_layout)
 
 SAMPLERS = ("tpe", "random", "cmaes", "nsga2", "gp")
@@ -40,6 +40,9 @@ class ResourcesConfig:
 
     workers_per_trial: int | str | None = "auto"  # GPUs (workers) per trial; auto (or null): the cheapest that fit
     max_workers_per_trial: int = 8  # auto: at most this many GPUs per trial (one node of 8)
+    # GPUs of one node (cluster.yaml's p5.48xlarge: 8): a trial on more spans nodes, FSDP2 as HSDP where it fits
+    # (sharded within a node, replicated across: trainable/layout.py); with max_workers_per_trial a cluster to plan for
+    gpus_per_node: int = 8
     # GiB per GPU, for the layout's memory model (an H100 shows 79.6, an H200 139.8)
     # null: the least of the cluster's GPUs, by their Ray accelerator type (sweeps.cluster_gpus); 80 with no GPU
     gpu_memory_gb: float | None = None
@@ -177,6 +180,16 @@ class SweepConfig:
         nowhere (``layout_problem`` says why), keeps the config's settings (auto: 1 worker, ZeRO-0)."""
         return _layout(self.train, self.resources, self.sft, family, _custom_key(self.custom_models))
 
+    def layout_with_less_recompute(self, family: str) -> Layout | None:
+        """The cheapest fitting layout on more GPUs that recomputes fewer layers than the family's planned one, or
+        None: the alternative the planner priced higher (``trainable.layout.fitting_layouts``)."""
+        try:
+            layouts = _planned(self.train, self.resources, self.sft, family, _custom_key(self.custom_models))
+        except ValueError:
+            return None
+        return next((c for c in layouts or () if c.workers > layouts[0].workers
+                     and c.checkpointed < layouts[0].checkpointed), None)
+
     def shape(self, family: str) -> ModelShape | None:
         """The family's ``trainable.layout.ModelShape`` (registry or custom model), None where it cannot be read."""
         return _shape(family, _custom_key(self.custom_models))
@@ -227,26 +240,27 @@ def _shape(family: str, custom_key: str) -> ModelShape | None:
 
 
 def _planned(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, family: str, custom_key: str
-             ) -> Layout | None:
-    """The planned layout, None without a readable shape; ValueError when nothing fits."""
+             ) -> tuple[Layout, ...] | None:
+    """Every fitting layout, the planned one first; None without a readable shape; ValueError when nothing fits."""
     workers = resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else None
     return _plan(family, custom_key, train.pack_length or sft.max_seq_len,
                  train.micro_batch_size * train.gradient_accumulation_steps * (workers or 1), train.micro_batch_size,
                  resources.planned_gpu_memory_gb, workers, resources.max_workers_per_trial,
                  planned_stage(train.engine, train.zero_stage),
                  None if train.activation_checkpointing == "auto" else train.activation_checkpointing,
-                 preferred_engine(train))
+                 preferred_engine(train), resources.gpus_per_node)
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(family: str, custom_key: str, seq_len: int, sequences: int, micro_batch: int, gpu_memory_gb: float,
           workers: int | None, max_workers: int, stage: int | None, checkpointing: bool | int | None,
-          engine: str) -> Layout | None:
+          engine: str, gpus_per_node: int) -> tuple[Layout, ...] | None:
     shape = _shape(family, custom_key)
     if shape is None:
         return None
-    return plan_layout(shape, seq_len, sequences, micro_batch, gpu_memory_gb * GIB, workers=workers,
-                       max_workers=max_workers, stage=stage, checkpointing=checkpointing, preferred_engine=engine)
+    return tuple(fitting_layouts(shape, seq_len, sequences, micro_batch, gpu_memory_gb * GIB, workers=workers,
+                                 max_workers=max_workers, stage=stage, checkpointing=checkpointing,
+                                 preferred_engine=engine, gpus_per_node=gpus_per_node))
 
 
 def _layout(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, family: str, custom_key: str) -> Layout:
@@ -255,7 +269,7 @@ def _layout(train: TrainConfig, resources: "ResourcesConfig", sft: SFTConfig, fa
     except ValueError:
         planned = None
     if planned is not None:
-        return planned
+        return planned[0]
     ac, stage = train.activation_checkpointing, planned_stage(train.engine, train.zero_stage) or 0
     workers = resources.workers_per_trial if isinstance(resources.workers_per_trial, int) else 1
     return Layout(workers, stage, train.micro_batch_size, train.gradient_accumulation_steps,
@@ -333,6 +347,8 @@ def _check_sweep(config: SweepConfig) -> list[str]:
     if config.resources.max_workers_per_trial < 1:
         problems.append(f"resources.max_workers_per_trial: expected an integer >= 1, got "
                         f"{config.resources.max_workers_per_trial!r}")
+    if config.resources.gpus_per_node < 1:
+        problems.append(f"resources.gpus_per_node: expected an integer >= 1, got {config.resources.gpus_per_node!r}")
     if config.resources.probe_margin < 1:
         problems.append(f"resources.probe_margin: expected a number >= 1, got {config.resources.probe_margin!r}")
     memory = config.resources.gpu_memory_gb

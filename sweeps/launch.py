@@ -22,7 +22,7 @@ import yaml
 from common.datasource import DataSourceError, resolve_data_dir
 from sweeps import cluster_gpus, search, store
 from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, workers_for
-from sweeps.layout_report import gpu_hours_line, layout_table, sft_row_count
+from sweeps.layout_report import alternatives_table, gpu_hours_line, layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
 from sweeps.run_lock import RunLockedError, run_lock
 from sweeps.driver import DRIVER_CPUS
@@ -327,7 +327,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                   + (", the grid's points first:" if sweep.search.seed_with_grid else "; the grid's points:"))
         for point in search.trial_order(sweep):  # longest first (the launch fits one-GPU trials in around them)
             print(sweep.trial(point).trial_id)
-        print(layout_table(sweep, sft_row_count(sweep)))
+        rows = sft_row_count(sweep)
+        print(layout_table(sweep, rows))
+        alternatives = alternatives_table(sweep, rows)
+        if alternatives:
+            print(alternatives)
         print(gpus)
         return 0
     print(gpus, flush=True)

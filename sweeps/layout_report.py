@@ -94,3 +94,57 @@ def gpu_hours_line(sweep: SweepConfig, rows: list[dict[str, Any]], sft_rows: int
     predicted = "unknown" if None in hours else f"{sum(hours):.3g}"
     return (f"GPU-hours: {predicted} predicted (trainable.layout.gpu_hours, every planned trial to its end), "
             f"{measured_gpu_hours(sweep, rows):.3g} measured ({len(rows)} stored trial(s): wall time x GPUs held)")
+
+
+def alternatives_table(sweep: SweepConfig, sft_rows: int | None = None) -> str | None:
+    """For each family whose planned layout recomputes layers, the layout the planner priced next with fewer
+    recomputed layers (``SweepConfig.layout_with_less_recompute``: more GPUs, as a rule) and why the plan won: both
+    layouts' planner cost (GPU-seconds per token, relative) and GPU-hours; and for a layout across nodes without
+    HSDP, the peak HSDP would have (``hsdp_line``). None when there is nothing to say."""
+    lines = []
+    for family in sweep.families:
+        shape, planned = sweep.shape(family), sweep.layout(family)
+        if shape is None or sweep.layout_problem(family):
+            continue
+        other = sweep.layout_with_less_recompute(family)
+        if other is not None:
+            lines.append(f"  {family}: the plan above at cost {planned.cost:.3g}, "
+                         f"{_hours(sweep, family, planned, sft_rows)}; or {other.describe(shape.layers)}; peak "
+                         f"{other.peak_gib:.1f} GiB per GPU, cost {other.cost:.3g}, "
+                         f"{_hours(sweep, family, other, sft_rows)}")
+        hsdp = hsdp_line(sweep, family)
+        if hsdp:
+            lines.append(f"  {family}: {hsdp}")
+    return "\n".join(["Alternatives (planner cost: GPUs / (MFU x recompute factor), lower wins):", *lines]) \
+        if lines else None
+
+
+def _hours(sweep: SweepConfig, family: str, layout: Any, sft_rows: int | None) -> str:
+    """'N GPU-hours' of the family's trials on ``layout`` (``trainable.layout.gpu_hours``), or 'GPU-hours unknown'."""
+    from trainable.layout import gpu_hours
+
+    tokens = trial_tokens(sweep, family, sft_rows)
+    if tokens is None:
+        return "GPU-hours unknown (steps unknown)"
+    seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
+    return f"{family_trials(sweep)[family] * gpu_hours(sweep.shape(family), layout, tokens, seq_len):.3g} GPU-hours"
+
+
+def hsdp_line(sweep: SweepConfig, family: str) -> str | None:
+    """For a family planned as a full FSDP2 shard over more GPUs than a node has: the smallest peak per GPU of HSDP
+    (replica groups of whole nodes) on the same GPUs, every layer recomputed, against the budget; else None."""
+    from trainable.layout import GIB, budget_bytes, hsdp_replicas, phase_peaks
+
+    layout, shape = sweep.layout(family), sweep.shape(family)
+    options = [r for r in hsdp_replicas(layout.workers, sweep.resources.gpus_per_node) if r > 1]
+    if layout.engine != "fsdp2" or layout.replicas > 1 or not options or shape is None:
+        return None
+    seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
+    share = layout.micro_batch_size * layout.gradient_accumulation_steps
+    peaks = {r: max(phase_peaks(shape, 3, layout.workers, 1, seq_len, True, engine="fsdp2", accumulation=share,
+                                replicas=r).values()) for r in options}
+    r = min(peaks, key=peaks.get)
+    budget = budget_bytes(sweep.resources.planned_gpu_memory_gb * GIB, "fsdp2")
+    return (f"not HSDP: {r} replicas x {layout.workers // r} shards would peak at {peaks[r] / GIB:.1f} GiB per GPU "
+            f"at micro-batch 1 with every layer recomputed, over the {budget / GIB:.1f} GiB PyTorch may allocate; "
+            f"a full shard over {layout.workers} GPUs")

@@ -71,6 +71,9 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
     engine: str = "auto"  # auto (ZeRO-3 and one-GPU layouts on FSDP2, the rest on DeepSpeed) | deepspeed | fsdp2
     zero_stage: int | str = "auto"  # 0-3, or auto: the cheapest that fits (trainable/layout.py); fsdp2: 3 or auto
+    # FSDP2: HSDP replica groups, each sharding over world / this ranks (a sweep's layout sets it across nodes); 1: a
+    # full shard over every rank
+    fsdp_replicas: int = 1
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.999)  # AdamW (beta1, beta2)
     adam_eps: float = 1e-8  # AdamW epsilon
@@ -134,6 +137,7 @@ def _check_train(c: TrainConfig) -> list[str]:
     problems = _positive("max_steps", c.max_steps, allow_none=True) + _positive("epochs", c.epochs)
     problems += _positive("micro_batch_size", c.micro_batch_size)
     problems += _positive("gradient_accumulation_steps", c.gradient_accumulation_steps)
+    problems += _positive("fsdp_replicas", c.fsdp_replicas)
     if c.precision not in PRECISIONS:
         problems.append(f"precision: expected one of {list(PRECISIONS)}, got {c.precision!r}")
     if c.zero_stage not in (0, 1, 2, 3, "auto") or isinstance(c.zero_stage, bool):

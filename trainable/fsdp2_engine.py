@@ -7,6 +7,9 @@ in float32. Every micro-batch's backward reduce-scatters: unsynced micro-batches
 gradients of the whole model. The optimiser is ``deepspeed_setup.adamw`` and the schedule ``deepspeed_setup.lr_lambda``,
 stepped as DeepSpeed steps them: at each accumulation boundary, after clipping to ``train.max_grad_norm``.
 Checkpoints are torch.distributed.checkpoint's sharded state dicts (each rank writes its shard) with the schedule.
+With ``train.fsdp_replicas`` R > 1 the mesh is HSDP's (``device_mesh``): R replica groups of world / R consecutive
+ranks (a node's, as Ray Train and torchrun number them), each sharding the model; gradients are reduce-scattered
+within a group and all-reduced across groups.
 """
 
 from __future__ import annotations
@@ -119,11 +122,12 @@ class Fsdp2Engine:
 
 
 def build_engine(module: nn.Module, train: TrainConfig, learning_rate: float, total_steps: int,
-                 device: torch.device, world_size: int) -> tuple[Fsdp2Engine, str]:
+                 device: torch.device, world_size: int, init_std: float | None = None) -> tuple[Fsdp2Engine, str]:
     """(engine, precision) for ``module`` (a ``CausalLMWithFusedLoss``), as ``deepspeed_setup.build_engine``;
     torch.distributed must already be initialised (Ray Train does it). ``module`` is sharded in place, its
-    parameters made float32 DTensors on ``device``."""
-    from torch.distributed.device_mesh import init_device_mesh
+    parameters made float32 DTensors on ``device``. A module built on the meta device (a model whose float32 copy
+    does not fit one GPU) needs ``init_std``: each rank then allocates and initialises only its shards
+    (``init_sharded``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from trainable.compiled import decoder_layers
@@ -131,14 +135,46 @@ def build_engine(module: nn.Module, train: TrainConfig, learning_rate: float, to
     precision = resolve_precision(train.precision, device)
     if precision not in ("bf16", "fp32"):
         raise ValueError(f"expected precision bf16 or fp32 under FSDP2 (no loss scaling), got {precision!r}")
-    mesh = init_device_mesh(device.type, (world_size,))
+    mesh = device_mesh(device.type, world_size, train.fsdp_replicas)
     compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     module.float()
     for layer in decoder_layers(module):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
+    if init_std is not None:
+        init_sharded(module, device, init_std)
     optimizer = adamw([p for p in module.parameters() if p.requires_grad], train, learning_rate, device)
     warmup = int(train.warmup_ratio * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train.schedule, total_steps, warmup))
     return Fsdp2Engine(module, optimizer, scheduler, train, compute_dtype), precision
+
+
+def device_mesh(device_type: str, world_size: int, replicas: int = 1):
+    """FSDP2's mesh: 1-D over every rank (a full shard), or with ``replicas`` R > 1 HSDP's 2-D mesh (R, world / R),
+    dims named ("replicate", "shard"): each row of consecutive ranks shards the model, the columns replicate it.
+    Raises ValueError when R does not divide the world."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if replicas < 1 or world_size % replicas:
+        raise ValueError(f"expected train.fsdp_replicas to divide the {world_size} ranks, got {replicas}")
+    if replicas == 1:
+        return init_device_mesh(device_type, (world_size,))
+    return init_device_mesh(device_type, (replicas, world_size // replicas), mesh_dim_names=("replicate", "shard"))
+
+
+def init_sharded(module: nn.Module, device: torch.device, std: float) -> None:
+    """Give a sharded module built on the meta device storage on ``device`` (each rank its shards) and a Llama's
+    initialisation: matrices and embeddings drawn from N(0, std^2), norm weights (vectors) 1; the rotary
+    embeddings' buffers (computed in their constructor, not stored) made again from their config."""
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0.0, std)
+            else:
+                parameter.fill_(1.0)
+        for rotary in [m for m in module.modules() if type(m).__name__.endswith("RotaryEmbedding")]:
+            fresh = type(rotary)(rotary.config).to(device)
+            for name, buffer in fresh.named_buffers(recurse=False):
+                setattr(rotary, name, buffer)

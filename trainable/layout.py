@@ -28,7 +28,8 @@ A ZeRO-3 layout, and a one-GPU one, runs on the engine ``trainable.config.prefer
 default; ``layout_engine``), planned with that engine's memory model and MFU. FSDP2 keeps float32 weights,
 gradients and AdamW moments sharded and gathers bf16 copies per layer:
     FSDP2:    16P/N + 1.5 bytes per LM-head parameter + s x the activations above
-with s the largest ratio over every recorded FSDP2 peak (``FSDP2_ACTIVATION_SCALE``), so the prediction bounds
+(N the ranks a parameter is sharded over: every rank, or under HSDP a node's, below) with s the largest ratio over
+every recorded FSDP2 peak (``FSDP2_ACTIVATION_SCALE``), so the prediction bounds
 them all: 1.08 with one micro-batch a step (the 1B shape's packed Alpaca rows set it; the 8B shape peaks well
 below, as its float32 gradients appear while its backward frees the activations), 2.25 with accumulation (a later
 micro-batch runs with every gradient held: 8B alone on an H200 at micro-batch 1 x 4 sets it; at 2 x 8 it ran out
@@ -36,6 +37,12 @@ of memory at 137.4 GiB: docs/measurements/2026-11-27-one-gpu-fsdp2). FSDP2's cac
 over its allocated peak near a GPU's edge (8B on two H100s at micro-batch 2: 77.5 GiB reserved for 68.6
 allocated, 30 cudaMalloc retries in 13 steps and half the rate), so its plans keep ``ALLOCATOR_SLACK["fsdp2"]``
 free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's (``planned_stage``).
+
+Across nodes (more GPUs than ``gpus_per_node``) an FSDP2 layout may be HSDP: R replica groups, each sharding the
+model over N / R ranks (a whole number of nodes), gradients all-reduced across the groups once a step instead of
+every gather and reduce-scatter crossing nodes. Its states are those of N / R ranks; its cost is the same GPUs at
+the same recorded MFU (no multi-node MFU is recorded), so among equal costs the most replicas win: HSDP where its
+memory allows, else a full shard over every rank.
 
 A layout fits when every phase of a trial does (``phase_peaks``): the attention check before step 1 (one row, every
 layer recomputed), the training steps, and (planned per trial, ``trainable.trial_memory``) the export and scoring.
@@ -129,6 +136,7 @@ class Layout:
     cost: float  # GPU-seconds per token relative units: workers / (MFU x recompute factor)
     wide_buckets: bool = False  # ZeRO-3: ``zero_buckets``' wide buckets (else layer-sized, the default)
     engine: str = "deepspeed"  # the engine that runs it: deepspeed, or fsdp2 (ZeRO-3 layouts only)
+    replicas: int = 1  # FSDP2 across nodes: HSDP's replica groups, each sharding over workers / replicas ranks
 
     @property
     def peak_gib(self) -> float:
@@ -143,6 +151,8 @@ class Layout:
         batch = f"micro-batch {self.micro_batch_size} x {self.gradient_accumulation_steps}"
         stage = "FSDP2" if self.engine == "fsdp2" and self.workers == 1 else \
             ENGINE_NAMES[self.engine].format(stage=self.zero_stage)
+        if self.replicas > 1:
+            stage = f"FSDP2 HSDP ({self.replicas} replicas x {self.workers // self.replicas} shards)"
         return f"{gpus}, {stage}, {batch}{ac}"
 
 
@@ -202,20 +212,22 @@ def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool) -
 
 def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
                checkpointed: int | bool = 0, zero: dict[str, Any] | None = None, engine: str = "deepspeed",
-               accumulation: int = 1) -> float:
+               accumulation: int = 1, replicas: int = 1) -> float:
     """Predicted peak of PyTorch's allocator per GPU: the states plus the backward's activations (module
-    docstring; ``engine`` fsdp2 for a layout on FSDP2, ``accumulation`` its micro-batches a step)."""
+    docstring; ``engine`` fsdp2 for a layout on FSDP2, ``accumulation`` its micro-batches a step, ``replicas``
+    its HSDP replica groups)."""
     activations = activation_bytes(shape, micro_batch * seq_len, checkpointed)
     if engine == "fsdp2":
-        return fsdp2_state_bytes(shape, workers) + FSDP2_ACTIVATION_SCALE[accumulation > 1] * activations
+        return fsdp2_state_bytes(shape, workers, replicas) + FSDP2_ACTIVATION_SCALE[accumulation > 1] * activations
     return state_bytes(shape, stage, workers, zero) + activations
 
 
-def fsdp2_state_bytes(shape: ModelShape, workers: int) -> float:
-    """FSDP2's states per GPU: float32 weights, gradients and AdamW moments sharded (16P/N), its communication
-    buffers across GPUs and the LM head's gathered copy and gradient (module docstring)."""
+def fsdp2_state_bytes(shape: ModelShape, workers: int, replicas: int = 1) -> float:
+    """FSDP2's states per GPU: float32 weights, gradients and AdamW moments sharded (16P/N over the N = workers /
+    replicas ranks of a replica group), its communication buffers across GPUs and the LM head's gathered copy and
+    gradient (module docstring)."""
     comm = NCCL_BUFFER_BYTES if workers > 1 else 0.0
-    return 16 * shape.params / workers + comm + FSDP2_HEAD_BYTES * shape.vocab * shape.hidden
+    return 16 * shape.params / (workers // replicas) + comm + FSDP2_HEAD_BYTES * shape.vocab * shape.hidden
 
 
 def check_activation_bytes(shape: ModelShape, seq_len: int) -> float:
@@ -235,17 +247,21 @@ def scoring_activation_bytes(shape: ModelShape, tokens: int) -> float:
 
 def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
                 checkpointed: int | bool = 0, zero: dict[str, Any] | None = None, engine: str = "deepspeed",
-                accumulation: int = 1, scoring_tokens: int = 0, export: bool = False) -> dict[str, float]:
+                accumulation: int = 1, scoring_tokens: int = 0, export: bool = False, replicas: int = 1
+                ) -> dict[str, float]:
     """Predicted allocator peak per GPU of each phase of a trial, in the order they run (``max`` of them is the
     trial's): the attention check (the states and ``check_activation_bytes``), the training steps (``peak_bytes``),
     the export (``train.save_model``: FSDP2 and ZeRO-3 gather a bf16 copy, 2P, on rank 0; FSDP2 once its optimizer
     states are freed, 4P/N left) and scoring over ``scoring_tokens`` padded tokens a forward (FSDP2 on rank 0's
-    gathered copy; DeepSpeed in place: ``zero3_scoring`` gathers a ZeRO-3 copy only where it fits)."""
+    gathered copy; DeepSpeed in place: ``zero3_scoring`` gathers a ZeRO-3 copy only where it fits; ``replicas``
+    an FSDP2 layout's HSDP replica groups)."""
     fsdp2 = engine == "fsdp2"
-    states = fsdp2_state_bytes(shape, workers) if fsdp2 else state_bytes(shape, stage, workers, zero)
-    kept = 4 * shape.params / workers + (NCCL_BUFFER_BYTES if workers > 1 else 0.0) if fsdp2 else states
+    states = fsdp2_state_bytes(shape, workers, replicas) if fsdp2 else state_bytes(shape, stage, workers, zero)
+    kept = 4 * shape.params / (workers // replicas) + (NCCL_BUFFER_BYTES if workers > 1 else 0.0) if fsdp2 \
+        else states
     peaks = {"attention_check": states + check_activation_bytes(shape, seq_len),
-             "train": peak_bytes(shape, stage, workers, micro_batch, seq_len, checkpointed, zero, engine, accumulation)}
+             "train": peak_bytes(shape, stage, workers, micro_batch, seq_len, checkpointed, zero, engine, accumulation,
+                                 replicas)}
     if export:
         peaks["export"] = kept + (2 * shape.params if fsdp2 or stage == 3 else 0.0)
     if scoring_tokens:
@@ -280,11 +296,13 @@ def _divisors(n: int) -> list[int]:
 
 def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_batch: int,
                gpu_memory_bytes: float, workers: Iterable[int], stages: tuple[int, ...],
-               checkpointing: bool | int | None, preferred_engine: str = "deepspeed") -> list[Layout]:
-    """Every layout that fits: per (GPUs, stage, micro-batch up to ``micro_batch`` dividing the GPU's share of the
-    step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none, True for all,
-    or a count), with ``zero_buckets``' default buckets; ZeRO-3 on ``preferred_engine``. A micro-batch below the
-    config's costs 3% (smaller products, more steps of the loop)."""
+               checkpointing: bool | int | None, preferred_engine: str = "deepspeed",
+               gpus_per_node: int | None = None) -> list[Layout]:
+    """Every layout that fits: per (GPUs, stage, HSDP replicas, micro-batch up to ``micro_batch`` dividing the GPU's
+    share of the step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none,
+    True for all, or a count), with ``zero_buckets``' default buckets; ZeRO-3 on ``preferred_engine``; FSDP2 over
+    more GPUs than ``gpus_per_node`` also as HSDP (``hsdp_replicas``). A micro-batch below the config's costs 3%
+    (smaller products, more steps of the loop)."""
     fitting = []
     for n in workers:
         if sequences_per_step % n:
@@ -295,19 +313,30 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                 continue  # choosing: ZeRO-0 on one GPU (nothing to partition), ZeRO-2 or 3 across GPUs
             engine = layout_engine(stage, n, preferred_engine)
             mfu = recorded_mfu(engine, stage, n)
-            for micro in (d for d in _divisors(share) if d <= micro_batch):
+            for micro, replicas in ((d, r) for d in _divisors(share) if d <= micro_batch
+                                    for r in hsdp_replicas(n, gpus_per_node if engine == "fsdp2" else None)):
                 wide = False  # zero_buckets' default (see there)
                 zero = zero_buckets(stage, shape.layer_params, wide)
                 layers = _checkpoint_choices(shape.layers, checkpointing)
-                peaks = {k: max(phase_peaks(shape, stage, n, micro, seq_len, k, zero, engine,
-                                            share // micro).values()) for k in layers}
+                peaks = {k: max(phase_peaks(shape, stage, n, micro, seq_len, k, zero, engine, share // micro,
+                                            replicas=replicas).values()) for k in layers}
                 k = next((k for k in layers if peaks[k] <= budget_bytes(gpu_memory_bytes, engine)), None)
                 if k is None:
                     continue
                 slower = 1.03 if micro < micro_batch else 1.0
                 cost = n / (mfu / (1 + k / (3 * shape.layers))) * slower
-                fitting.append(Layout(n, stage, micro, share // micro, k, peaks[k], cost, wide, engine))
+                fitting.append(Layout(n, stage, micro, share // micro, k, peaks[k], cost, wide, engine, replicas))
     return fitting
+
+
+def hsdp_replicas(workers: int, gpus_per_node: int | None) -> list[int]:
+    """The HSDP replica groups an FSDP2 layout of ``workers`` ranks may have: 1 (a full shard), and across nodes
+    (``workers`` > ``gpus_per_node``) every R dividing them whose groups are whole nodes (workers / R a multiple
+    of ``gpus_per_node``)."""
+    if not gpus_per_node or workers <= gpus_per_node:
+        return [1]
+    return [r for r in range(1, workers // gpus_per_node + 1)
+            if workers % r == 0 and (workers // r) % gpus_per_node == 0]
 
 
 def _checkpoint_choices(layers: int, checkpointing: bool | int | None) -> list[int]:
@@ -321,13 +350,23 @@ def _checkpoint_choices(layers: int, checkpointing: bool | int | None) -> list[i
 def plan_layout(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_batch: int,
                 gpu_memory_bytes: float, workers: int | None = None, max_workers: int = 8,
                 stage: int | None = None, checkpointing: bool | int | None = None,
-                preferred_engine: str = "deepspeed") -> Layout:
+                preferred_engine: str = "deepspeed", gpus_per_node: int = 8) -> Layout:
     """The cheapest fitting layout (module docstring); given ``workers``/``stage``/``checkpointing`` are kept,
-    ZeRO-3 runs on ``preferred_engine``. Raises ValueError naming the model, memory and what was tried when nothing
-    fits."""
+    ZeRO-3 runs on ``preferred_engine``, FSDP2 across nodes of ``gpus_per_node`` GPUs as HSDP where that fits.
+    Raises ValueError naming the model, memory and what was tried when nothing fits."""
+    return fitting_layouts(shape, seq_len, sequences_per_step, micro_batch, gpu_memory_bytes, workers, max_workers,
+                           stage, checkpointing, preferred_engine, gpus_per_node)[0]
+
+
+def fitting_layouts(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_batch: int,
+                    gpu_memory_bytes: float, workers: int | None = None, max_workers: int = 8,
+                    stage: int | None = None, checkpointing: bool | int | None = None,
+                    preferred_engine: str = "deepspeed", gpus_per_node: int = 8) -> list[Layout]:
+    """Every fitting layout of ``plan_layout``'s, the cheapest (its choice) first: by cost, then fewer GPUs, more
+    HSDP replicas, the lower stage, fewer checkpointed layers. Raises ValueError as ``plan_layout``."""
     counts = [workers] if workers else [1 << i for i in range(int(math.log2(max_workers)) + 1)]
     fitting = candidates(shape, seq_len, sequences_per_step, micro_batch, gpu_memory_bytes, counts,
-                         (stage,) if stage is not None else STAGES, checkpointing, preferred_engine)
+                         (stage,) if stage is not None else STAGES, checkpointing, preferred_engine, gpus_per_node)
     if not fitting:
         tried = candidates(shape, seq_len, sequences_per_step, 1, math.inf, counts,
                            (stage,) if stage is not None else STAGES,
@@ -340,7 +379,7 @@ def plan_layout(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_
                          f"sequences of {seq_len} tokens a step) within {gpu_memory_bytes / GIB:.1f} GiB GPUs on "
                          f"{'/'.join(map(str, counts))} GPUs, got none{closest}; "
                          f"raise resources.max_workers_per_trial or lower sft.max_seq_len")
-    return min(fitting, key=lambda c: (round(c.cost, 6), c.workers, c.zero_stage, c.checkpointed))
+    return sorted(fitting, key=lambda c: (round(c.cost, 6), c.workers, -c.replicas, c.zero_stage, c.checkpointed))
 
 
 def gpu_hours(shape: ModelShape, layout: Layout, tokens: float, seq_len: int) -> float:
@@ -359,7 +398,8 @@ def planned_stage(engine: str, zero_stage: int | str) -> int | None:
 
 
 def with_layout(train: Any, layout: Layout, shape: ModelShape | None = None) -> Any:
-    """A ``TrainConfig`` with the layout's stage, micro-batch, accumulation and checkpointed layers; wide ZeRO-3
+    """A ``TrainConfig`` with the layout's stage, micro-batch, accumulation, checkpointed layers and HSDP replica
+    groups (``fsdp_replicas``); wide ZeRO-3
     buckets go under ``train.deepspeed`` (its own entries still win). ``train.engine`` stays: the worker derives the
     layout's engine from it (``trainable.config.engine_for``)."""
     deepspeed = train.deepspeed
@@ -369,7 +409,8 @@ def with_layout(train: Any, layout: Layout, shape: ModelShape | None = None) -> 
     return dataclasses.replace(train, zero_stage=layout.zero_stage,
                                micro_batch_size=layout.micro_batch_size,
                                gradient_accumulation_steps=layout.gradient_accumulation_steps,
-                               activation_checkpointing=layout.checkpointed, deepspeed=deepspeed)
+                               activation_checkpointing=layout.checkpointed, deepspeed=deepspeed,
+                               fsdp_replicas=layout.replicas)
 
 
 def model_shape(spec: Any) -> ModelShape | None:

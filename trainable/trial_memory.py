@@ -88,7 +88,8 @@ def shape_phase_peaks_gib(shape: ModelShape, trial: TrialConfig, engine: str, ze
     zero = deepspeed_config(train, precision, world_size, shape.layer_params)["zero_optimization"]
     scoring = (trial.eval.batch_tokens or trial.eval.batch_size * seq_len) if trial.eval.tasks else 0
     peaks = phase_peaks(shape, zero_stage, world_size, train.micro_batch_size, seq_len, checkpointed, zero, engine,
-                        train.gradient_accumulation_steps, scoring, train.save_model)
+                        train.gradient_accumulation_steps, scoring, train.save_model,
+                        replicas=train.fsdp_replicas if engine == "fsdp2" else 1)
     return {name: value / GIB for name, value in peaks.items()}
 
 

@@ -73,3 +73,28 @@ def test_a_micro_batch_that_does_not_divide_a_row_s_batch_is_refused_in_one_line
     assert "expected --micro-batch to divide the batch per GPU of every row with a stage, got 3 for " \
            "['tiny:1:0:4:random']" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_node_shapes_come_from_node_llama_yaml_and_rows_may_take_fewer_layers(bench):
+    import yaml
+
+    declared = yaml.safe_load(bench.NODE_SHAPES.read_text())["custom_models"]
+    assert {key: bench.SHAPES[key] for key in ("14b", "32b", "70b")} == \
+        {key: declared[f"llama-{key}"]["config"] for key in ("14b", "32b", "70b")}
+    assert bench.parse_row("32b@12L:4:auto:1:random")["shape"] == "32b@12L"
+    assert bench.shape_config("32b@12L") == {**bench.SHAPES["32b"], "num_hidden_layers": 12}
+    for bad in ("32b@L:4:auto:1:random", "32b@0L:4:auto:1:random", "32b@12:4:auto:1:random", "33b@12L:4:3:1:random"):
+        with pytest.raises(ValueError, match="expected shape in .*@<layers>L|expected shape in"):
+            bench.parse_row(bad)
+
+
+def test_scaling_is_against_the_fewest_gpus_the_shape_ran_on(bench):
+    def result(impl, row, rate):
+        return {"impl": impl, "row": row, **bench.parse_row(row), "tokens_per_s_per_gpu": rate, "mfu": 0.3,
+                "peak_gib": 30.0, "step_ms": 200.0}
+    text = bench.table([result("calsweep", "8b:2:auto:4:random", 8000.0), result("calsweep", "8b:4:auto:4:random",
+                                                                                  7600.0),
+                        result("torchtitan settings", "8b:4:auto:4:random", 7000.0)])
+    lines = text.splitlines()
+    assert lines[1].split()[-2:] == ["-", "-"] and lines[2].split()[-2:] == ["0.95x", "-"]
+    assert lines[3].split()[-2:] == ["-", "-"]  # no fewer-GPU row of its own implementation

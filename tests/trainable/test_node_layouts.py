@@ -1,0 +1,118 @@
+"""Plans of the Llama shapes that need a node or more (sweeps/configs/node_llama.yaml: 14B, 32B, 70B on 4 nodes of
+8 H100s), their states per GPU against bytes counted by hand, HSDP where a replica group fits, and the dry run."""
+
+from pathlib import Path
+
+import pytest
+
+from sweeps.config import load_sweep
+from trainable.config import TrainConfig
+from sweeps.launch import main
+from trainable.layout import (FSDP2_HEAD_BYTES, GIB, NCCL_BUFFER_BYTES, ModelShape, budget_bytes, fitting_layouts,
+                              fsdp2_state_bytes, gpu_hours, hsdp_replicas, phase_peaks, plan_layout,
+                              with_layout)
+
+NODE = Path(__file__).parents[2] / "sweeps" / "configs" / "node_llama.yaml"
+H100 = 79.6 * GIB
+SEQ, SEQUENCES, MICRO = 2048, 128, 2  # node_llama.yaml's step: 128 sequences of 2048 tokens, micro-batch <= 2
+VOCAB = 128_256
+
+
+def _llama_params(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> int:
+    """Counted by hand: per layer q and o (hidden x heads x 128), k and v (hidden x kv_heads x 128), the gated MLP
+    (3 hidden x intermediate) and two norms; untied embedding and head; the final norm."""
+    per_layer = 2 * hidden * heads * 128 + 2 * hidden * kv_heads * 128 + 3 * hidden * intermediate + 2 * hidden
+    return layers * per_layer + 2 * VOCAB * hidden + hidden
+
+
+@pytest.fixture(scope="module")
+def node():
+    return load_sweep(NODE)
+
+
+def _plan(shape, **kwargs):
+    return plan_layout(shape, SEQ, SEQUENCES, MICRO, H100, max_workers=32, preferred_engine="fsdp2",
+                       gpus_per_node=8, **kwargs)
+
+
+def test_the_shapes_count_what_their_dimensions_hold(node):
+    assert node.shape("llama-14b").params == _llama_params(5120, 13824, 48, 40, 8) == 14_525_895_680
+    assert node.shape("llama-32b").params == _llama_params(5120, 27648, 64, 40, 8) == 32_519_623_680
+    assert node.shape("llama-70b").params == _llama_params(8192, 28672, 80, 64, 8) == 70_553_706_496  # Llama-3.1-70B
+
+
+def test_70b_is_a_full_fsdp2_shard_over_4_nodes_because_no_hsdp_replica_group_fits(node):
+    shape = node.shape("llama-70b")
+    layout = _plan(shape)
+    assert (layout.workers, layout.engine, layout.replicas) == (32, "fsdp2", 1)
+    assert 0 < layout.checkpointed < shape.layers  # recomputes some of its 80 layers to fit
+    # weights, gradients and AdamW moments in float32 (16 bytes a parameter) over 32 GPUs: 32.9 GiB each
+    states = 16 * 70_553_706_496 / 32
+    assert fsdp2_state_bytes(shape, 32) == states + NCCL_BUFFER_BYTES + FSDP2_HEAD_BYTES * VOCAB * 8192
+    assert states / GIB == pytest.approx(32.85, abs=0.01)
+    assert layout.peak_bytes <= budget_bytes(H100, "fsdp2") and layout.peak_bytes > states
+    # HSDP: 4 replicas of one node (16 x 70.6e9 / 8 = 131 GiB of states a GPU) or 2 of two nodes (65.7 GiB) do not
+    # fit even at micro-batch 1 with every layer recomputed
+    assert hsdp_replicas(32, 8) == [1, 2, 4]
+    for replicas, shards in ((4, 8), (2, 16)):
+        assert 16 * shape.params / shards > 65 * GIB
+        peak = max(phase_peaks(shape, 3, 32, 1, SEQ, True, engine="fsdp2", accumulation=4,
+                               replicas=replicas).values())
+        assert peak > budget_bytes(H100, "fsdp2")
+    assert gpu_hours(shape, layout, 1e9, SEQ) > 0
+
+
+def test_hsdp_is_chosen_where_a_replica_group_fits():
+    """The 8B shape held to 16 GPUs (two nodes): one node's shard holds its states, so 2 replicas x 8 shards."""
+    from common.models import REGISTRY
+    from trainable.layout import model_shape
+
+    shape = model_shape(REGISTRY["llama-3.1-8b"])
+    layout = _plan(shape, workers=16, stage=3)
+    assert (layout.workers, layout.replicas, layout.checkpointed) == (16, 2, 0)
+    assert "FSDP2 HSDP (2 replicas x 8 shards)" in layout.describe(shape.layers)
+    assert with_layout(TrainConfig(engine="fsdp2"), layout, shape).fsdp_replicas == 2  # what the engine's mesh reads
+    assert fsdp2_state_bytes(shape, 16, 2) == 16 * 8_030_261_248 / 8 + NCCL_BUFFER_BYTES + \
+        FSDP2_HEAD_BYTES * VOCAB * 4096
+    # within one node there is no HSDP: 8 GPUs shard fully
+    assert hsdp_replicas(8, 8) == [1] and _plan(shape, workers=8, stage=3).replicas == 1
+
+
+def test_14b_on_4_gpus_with_recomputation_or_8_without(node):
+    shape = node.shape("llama-14b")
+    layouts = fitting_layouts(shape, SEQ, SEQUENCES, MICRO, H100, max_workers=32, preferred_engine="fsdp2")
+    planned = layouts[0]
+    assert (planned.workers, planned.engine) == (4, "fsdp2") and 0 < planned.checkpointed < shape.layers
+    assert 16 * shape.params / 4 / GIB == pytest.approx(54.1, abs=0.1)  # states alone: 54.1 of 71.5 GiB
+    on_8 = next(c for c in layouts if c.workers == 8)
+    assert on_8.checkpointed == 0 and on_8.cost > planned.cost  # the planner's cost: GPUs / (MFU x recompute)
+    assert not [c for c in layouts if c.workers < 4]  # 16 x 14.5e9 bytes do not fit 1 or 2 GPUs
+    assert node.layout("llama-14b") == planned
+    assert node.layout_with_less_recompute("llama-14b") == on_8
+
+
+def test_32b_fits_one_node_with_recomputation_and_no_fewer_gpus(node):
+    shape = node.shape("llama-32b")
+    layout = node.layout("llama-32b")
+    assert (layout.workers, layout.engine) == (8, "fsdp2") and layout.checkpointed > shape.layers // 2
+    assert 16 * shape.params / 8 / GIB == pytest.approx(60.6, abs=0.1)
+    with pytest.raises(ValueError, match="got none"):
+        plan_layout(shape, SEQ, SEQUENCES, MICRO, H100, max_workers=4, preferred_engine="fsdp2")
+    # the next larger Llama shape, CodeLlama-34B's decoder with Llama-3's vocabulary (35.3B), fits no node of 8
+    larger = ModelShape.from_config({"hidden_size": 8192, "intermediate_size": 22016, "num_hidden_layers": 48,
+                                     "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+                                     "vocab_size": VOCAB, "tie_word_embeddings": False})
+    assert larger.params == _llama_params(8192, 22016, 48, 64, 8)
+    with pytest.raises(ValueError, match="got none"):
+        plan_layout(larger, SEQ, SEQUENCES, MICRO, H100, max_workers=8, preferred_engine="fsdp2")
+
+
+def test_the_dry_run_prints_the_plans_their_gpu_hours_and_why_not_hsdp(data_dir, tmp_path, capsys):
+    assert main(["--config", str(NODE), "--dry-run", "--data-dir", data_dir, "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "  llama-70b: 32 GPUs, FSDP2 (ZeRO-3 layout), micro-batch 1 x 4, " in out
+    assert "  llama-14b: 4 GPUs, FSDP2 (ZeRO-3 layout), micro-batch 1 x 32, " in out
+    assert "  llama-32b: 8 GPUs, FSDP2 (ZeRO-3 layout), " in out
+    assert "or 8 GPUs, ZeRO-2, micro-batch 1 x 16; peak " in out
+    assert "llama-70b: not HSDP: 2 replicas x 16 shards would peak at " in out
+    assert out.count("GPU-hours") >= 6
