@@ -4,14 +4,14 @@ A local (or NFS) store: a ``flock`` on <results_dir>/runs/<name>/launch.lock. Th
 existence: a launcher that dies, however hard, releases it, so a dead launcher never blocks ``--resume``. Linux NFS
 clients carry ``flock`` to the server as a POSIX lock, so on a shared results directory it holds across machines.
 
-An object store (a URI root, e.g. s3://) has no locks: a lease object, <root>/runs/<name>/launch.lease, holds the
-holder's id, host, pid, lease time and expiry (JSON). The launcher renews it every ``lease_s / 4`` from a background thread and
-deletes it on exit; a second launcher is refused while it is unexpired; a launcher killed hard leaves it to expire,
-after which a successor (``--resume``) takes it over. Expiry is wall-clock time, so the hosts' clocks must agree to
-well under ``lease_s`` (NTP does). pyarrow's filesystems have no conditional put, so two launchers that find the run
-free at the same moment both write: each reads the lease back ``SETTLE_S`` after its write and only the one whose
-write landed last holds it. Both hold only if the other's write lands more than ``SETTLE_S`` after its own read
-(a read-to-write gap of one request round trip otherwise).
+An object store (a URI root, e.g. s3://) has no locks: a lease object, <root>/runs/<name>/launch.lease (JSON: the
+holder's id, host, pid, lease time and expiry), which the launcher renews every ``lease_s / 4`` from a thread and
+deletes on exit. A second launcher is refused while the lease is unexpired; one killed hard leaves it to expire, after
+which a successor (``--resume``) takes it over. Expiry is wall-clock time, so the hosts' clocks must agree to well
+under ``lease_s`` (NTP does). pyarrow's filesystems have no conditional put (boto3's ``IfNoneMatch`` would be one, but
+boto3 is no dependency), so two launchers that find the run free at once both write: each reads the lease back
+``SETTLE_S`` after its write, and only the one whose write landed last holds it. Both hold only if one's write lands
+more than ``SETTLE_S`` after its read found the run free (a stalled request: the gap is one round trip otherwise).
 """
 
 from __future__ import annotations
@@ -87,11 +87,13 @@ def _write_lease(fs: pafs.FileSystem, path: str, holder: str, lease_s: float) ->
 
 
 def _refusal(name: str, uri: str, lease: dict) -> RunLockedError:
+    """The one line that refuses a launch of run ``name`` while ``lease`` (at ``uri``) holds it."""
     expires = datetime.datetime.fromtimestamp(lease["expires_at"], datetime.timezone.utc)
     return RunLockedError(
-        f"run {name!r} is being launched already (pid {lease.get('pid')} on {lease.get('host')}, lease {uri} expires at "
-        f"{expires:%Y-%m-%d %H:%M:%S} UTC unless renewed); wait for that launch to end, or, if it died, for its "
-        f"lease to expire ({lease.get('lease_s', LEASE_S):g} s after its last renewal at most; then --resume {name}), or choose another --name")
+        f"run {name!r} is being launched already (pid {lease.get('pid')} on {lease.get('host')}, lease {uri} expires "
+        f"at {expires:%Y-%m-%d %H:%M:%S} UTC unless renewed); wait for that launch to end, or, if it died, for its "
+        f"lease to expire ({lease.get('lease_s', LEASE_S):g} s after its last renewal at most; then --resume {name}), "
+        f"or choose another --name")
 
 
 @contextlib.contextmanager
