@@ -30,7 +30,8 @@ from typing import Iterator
 
 import pyarrow.fs as pafs
 
-from sweeps.store import filesystem
+from sweeps.storage_retry import retried
+from sweeps.store import filesystem, write_file
 
 LEASE_S = 60.0  # how long a lease outlives its last renewal: a crashed launcher's run is free again after this
 SETTLE_S = 1.0  # from a lease's write to its read-back: longer than a rival taker's read-to-write round trip
@@ -67,8 +68,8 @@ def run_lock(results_dir: str, name: str, lease_s: float = LEASE_S) -> Iterator[
 
 
 def _read_lease(fs: pafs.FileSystem, path: str) -> dict | None:
-    """The lease at ``path``, or None where there is none. A lease that does not parse was cut short by a writer
-    killed mid-write (an object store's put is whole or nothing, so only a local file:// root can tear): None."""
+    """The lease at ``path``, or None where there is none (or none that parses: ``write_file`` writes whole, so only
+    a hand-edited lease could fail to)."""
     try:
         with fs.open_input_stream(path) as source:
             lease = json.loads(source.read())
@@ -82,8 +83,7 @@ def _read_lease(fs: pafs.FileSystem, path: str) -> dict | None:
 def _write_lease(fs: pafs.FileSystem, path: str, holder: str, lease_s: float) -> None:
     lease = {"holder": holder, "host": socket.gethostname(), "pid": os.getpid(), "lease_s": lease_s,
              "expires_at": time.time() + lease_s}
-    with fs.open_output_stream(path) as sink:
-        sink.write(json.dumps(lease).encode())
+    write_file(fs, path, json.dumps(lease).encode())
 
 
 def _refusal(name: str, uri: str, lease: dict) -> RunLockedError:
@@ -102,16 +102,15 @@ def _lease(root: str, name: str, lease_s: float) -> Iterator[str]:
     if not lease_s > 0:
         raise ValueError(f"expected a lease time > 0 s, got {lease_s!r}")
     fs, base = filesystem(root)
-    directory = f"{base}/runs/{name}"
-    path, uri = f"{directory}/launch.lease", f"{root.rstrip('/')}/runs/{name}/launch.lease"
+    what = f"runs/{name}/launch.lease"
+    path, uri = f"{base}/{what}", f"{root.rstrip('/')}/{what}"
     holder = uuid.uuid4().hex
-    lease = _read_lease(fs, path)
+    lease = retried(f"read {what}", lambda: _read_lease(fs, path))
     if lease is not None and lease["expires_at"] > time.time():
         raise _refusal(name, uri, lease)
-    fs.create_dir(directory, recursive=True)
-    _write_lease(fs, path, holder, lease_s)
+    retried(f"write {what}", lambda: _write_lease(fs, path, holder, lease_s))
     time.sleep(SETTLE_S)
-    lease = _read_lease(fs, path)
+    lease = retried(f"read {what}", lambda: _read_lease(fs, path))
     if lease is None:
         raise RunLockedError(f"run {name!r}: its lease {uri} vanished right after this launcher wrote it; another "
                              f"launch of the run races for it: launch it once")
