@@ -100,7 +100,7 @@ def _checkpointed(results: str) -> int:
 @pytest.mark.parametrize("results", ["local", "s3"], indirect=True)
 def test_a_worker_node_killed_mid_trial_costs_no_row(cluster, results):
     cluster, workers = cluster
-    launcher = _launch(cluster.address, results, "train.max_steps=24", "train.checkpoint_every_steps=4",
+    launcher = _launch(cluster.address, results, "train.max_steps=16", "train.checkpoint_every_steps=8",
                        "train.log_every=1", "eval.tasks=[arc_easy]", "resources.max_failures=2")
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)
@@ -111,6 +111,10 @@ def test_a_worker_node_killed_mid_trial_costs_no_row(cluster, results):
     assert _checkpointed(results) == 2, "".join(lines)[-4000:]
     lost, survivor = workers
     cluster.remove_node(lost, allow_graceful=False)  # its raylet and every process on it: SIGKILL
+    second = _launch(cluster.address, results)  # while the first recovers: refused (flock, or the bucket's lease)
+    refusal, _ = second.communicate(timeout=300)
+    assert second.returncode == 2 and launcher.poll() is None, refusal[-4000:]
+    assert refusal.splitlines()[-1].startswith("calsweep: error: run 'tiny' is being launched already"), refusal
     launcher.wait(timeout=900)
     reader.join(timeout=60)
     out = "".join(lines)
@@ -118,5 +122,6 @@ def test_a_worker_node_killed_mid_trial_costs_no_row(cluster, results):
     rows = store.read_trials(results, "tiny").to_pylist()
     assert [row["status"] for row in rows] == ["ok", "ok"], out[-4000:]  # one ok row per trial
     assert {row["node_id"] for row in rows} == {survivor.node_id}  # the lost node's trial finished on the survivor
-    assert any(row["resumed_from_step"] >= 4 for row in rows), out[-4000:]  # from its checkpoint, not step 0
+    assert any(row["resumed_from_step"] >= 8 for row in rows), out[-4000:]  # from its checkpoint, not step 0
     assert "resumed from its checkpoint at step" in out and _leftovers(results) == []
+    assert "runs/tiny/launch.lease" not in _files(results)  # a bucket's lease: released when the launch ended
