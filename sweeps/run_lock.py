@@ -7,7 +7,8 @@ clients carry ``flock`` to the server as a POSIX lock, so on a shared results di
 An object store (a URI root, e.g. s3://) has no locks: a lease object, <root>/runs/<name>/launch.lease (JSON: the
 holder's id, host, pid, lease time and expiry), which the launcher renews every ``lease_s / 4`` from a thread and
 deletes on exit. A second launcher is refused while the lease is unexpired; one killed hard leaves it to expire, after
-which a successor (``--resume``) takes it over. Expiry is wall-clock time, so the hosts' clocks must agree to well
+which a successor (``--resume``) takes it over, or at once on the holder's own machine (same host name and boot id)
+where its pid is gone. Expiry is wall-clock time, so the hosts' clocks must agree to well
 under ``lease_s`` (NTP does). pyarrow's filesystems have no conditional put (boto3's ``IfNoneMatch`` would be one, but
 boto3 is no dependency), so two launchers that find the run free at once both write: each reads the lease back
 ``SETTLE_S`` after its write, and only the one whose write landed last holds it. Both hold only if one's write lands
@@ -80,10 +81,36 @@ def _read_lease(fs: pafs.FileSystem, path: str) -> dict | None:
     return lease
 
 
+def _boot_id() -> str | None:
+    """This machine's boot id (Linux: new at every boot), or None where the kernel has none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as source:
+            return source.read().strip()
+    except OSError:
+        return None
+
+
 def _write_lease(fs: pafs.FileSystem, path: str, holder: str, lease_s: float) -> None:
-    lease = {"holder": holder, "host": socket.gethostname(), "pid": os.getpid(), "lease_s": lease_s,
-             "expires_at": time.time() + lease_s}
+    lease = {"holder": holder, "host": socket.gethostname(), "boot_id": _boot_id(), "pid": os.getpid(),
+             "lease_s": lease_s, "expires_at": time.time() + lease_s}
     write_file(fs, path, json.dumps(lease).encode())
+
+
+def _held(lease: dict | None) -> bool:
+    """Whether ``lease`` still holds its run: unexpired, unless its holder ran on this machine (the same host name
+    and boot id) and its pid is gone (a launcher killed here is resumed here at once)."""
+    if lease is None or lease["expires_at"] <= time.time():
+        return False
+    boot = _boot_id()
+    here = boot is not None and lease.get("boot_id") == boot and lease.get("host") == socket.gethostname()
+    if here and isinstance(lease.get("pid"), int):
+        try:
+            os.kill(lease["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's live process
+            pass
+    return True
 
 
 def _refusal(name: str, uri: str, lease: dict) -> RunLockedError:
@@ -106,7 +133,7 @@ def _lease(root: str, name: str, lease_s: float) -> Iterator[str]:
     path, uri = f"{base}/{what}", f"{root.rstrip('/')}/{what}"
     holder = uuid.uuid4().hex
     lease = retried(f"read {what}", lambda: _read_lease(fs, path))
-    if lease is not None and lease["expires_at"] > time.time():
+    if _held(lease):
         raise _refusal(name, uri, lease)
     retried(f"write {what}", lambda: _write_lease(fs, path, holder, lease_s))
     time.sleep(SETTLE_S)

@@ -10,18 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.run_lock import RunLockedError, run_lock
+from sweeps.run_lock import SETTLE_S, RunLockedError, run_lock
 
-HOLD = "from sweeps.run_lock import run_lock\nimport sys, time\n" \
+HOLD = "import socket, sys\nfrom sweeps.run_lock import run_lock\nif sys.argv[3:]:\n" \
+       "    socket.gethostname = lambda: sys.argv[3]\n" \
        "with run_lock(sys.argv[1], 'tiny', lease_s=float(sys.argv[2])):\n" \
        "    print('held', flush=True)\n    sys.stdin.readline()\n"  # holds until a line (or EOF) arrives
 LEASE_S = 2.0  # a short lease for the tests: renewed every 0.5 s
+TAKEOVER_S = LEASE_S + SETTLE_S + 3.0  # a dead holder's lease taken over within its time, our read-back and slack
 
 
-def _hold(root: str) -> subprocess.Popen:
-    """A process that takes the run's lock and holds it until its stdin gets a line."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, root, str(LEASE_S)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+def _hold(root: str, host: str | None = None, lease_s: float = LEASE_S) -> subprocess.Popen:
+    """A process that takes the run's lock and holds it until its stdin gets a line; with ``host``, as a launcher on
+    another machine of that name (its lease names that host: this machine cannot see whether its pid lives)."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, root, str(lease_s), *([host] if host else [])],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -43,11 +46,11 @@ def test_a_second_launch_is_refused_while_the_first_lives_and_a_killed_one_holds
 
 def test_an_object_store_lease_is_renewed_refused_taken_over_after_expiry_and_released(s3_store):
     root, key = f"s3://{s3_store.bucket}/calsweep", "calsweep/runs/tiny/launch.lease"
-    first = _hold(root)
+    first = _hold(root, host="node-2")
     try:
         lease = json.loads(s3_store.client().get_object(Bucket=s3_store.bucket, Key=key)["Body"].read())
-        assert (lease["pid"], lease["lease_s"]) == (first.pid, LEASE_S)
-        refusal = (rf"^run 'tiny' is being launched already \(pid {first.pid} on \S+, lease s3://{s3_store.bucket}/"
+        assert (lease["host"], lease["pid"], lease["lease_s"]) == ("node-2", first.pid, LEASE_S)
+        refusal = (rf"^run 'tiny' is being launched already \(pid {first.pid} on node-2, lease s3://{s3_store.bucket}/"
                    rf"calsweep/runs/tiny/launch.lease expires at 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC unless renewed\); "
                    rf"wait for that launch to end, or, if it died, for its lease to expire \(2 s after its last "
                    rf"renewal at most; then --resume tiny\), or choose another --name$")
@@ -64,25 +67,35 @@ def test_an_object_store_lease_is_renewed_refused_taken_over_after_expiry_and_re
         first.kill()  # SIGKILL: its lease stays until it expires
         first.wait()
     killed_at = time.time()
-    with pytest.raises(RunLockedError, match=refusal):
+    with pytest.raises(RunLockedError, match=refusal):  # another machine's launcher: dead or not, only time tells
         with run_lock(root, "tiny", lease_s=LEASE_S):
             pass
     while True:  # taken over once the dead holder's lease expires, within the lease time
         try:
             with run_lock(root, "tiny", lease_s=LEASE_S) as uri:
-                assert time.time() - killed_at < LEASE_S + 2.5  # its last renewal, our settle and the round trips
+                assert time.time() - killed_at < TAKEOVER_S
                 assert uri == f"{root}/runs/tiny/launch.lease" and key in s3_store.keys()
             break
         except RunLockedError:
-            assert time.time() - killed_at < LEASE_S + 2.5
+            assert time.time() - killed_at < TAKEOVER_S
             time.sleep(0.2)
     assert key not in s3_store.keys()  # released on exit
 
-    second = _hold(root)
-    second.communicate("\n", timeout=30)  # ends normally: its lease is deleted, the run free at once
-    assert second.returncode == 0 and key not in s3_store.keys()
-    with run_lock(root, "tiny", lease_s=LEASE_S):
-        pass
+
+def test_a_lease_of_a_launcher_killed_on_this_machine_is_taken_over_at_once(s3_store):
+    root, key = f"s3://{s3_store.bucket}/calsweep", "calsweep/runs/tiny/launch.lease"
+    first = _hold(root, lease_s=60.0)
+    first.kill()  # SIGKILL on this machine: its pid is gone, its lease a minute from expiry
+    first.wait()
+    with run_lock(root, "tiny", lease_s=LEASE_S):  # --resume at once, as after a crash of this machine's launcher
+        lease = json.loads(s3_store.client().get_object(Bucket=s3_store.bucket, Key=key)["Body"].read())
+        assert lease["pid"] != first.pid
+    live = _hold(root, lease_s=60.0)
+    with pytest.raises(RunLockedError, match=rf"^run 'tiny' is being launched already \(pid {live.pid} on "):
+        with run_lock(root, "tiny", lease_s=LEASE_S):  # a live holder on this machine is refused
+            pass
+    live.communicate("\n", timeout=60)  # ends normally: its lease is deleted, the run free at once
+    assert live.returncode == 0 and key not in s3_store.keys()
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "s3"])
