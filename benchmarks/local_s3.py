@@ -91,6 +91,13 @@ class LocalS3:
             self._thread.join()
             self._server = self._thread = None
 
+    def check_credentials(self, on: bool = True) -> None:
+        """Refuse requests signed with keys moto's IAM does not hold (``env``'s test keys among them), as AWS refuses
+        wrong credentials; ``on=False``: accept any (moto's default, restored by ``local_s3`` on entry)."""
+        from moto import settings
+
+        settings.INITIAL_NO_AUTH_ACTION_COUNT = 0 if on else float("inf")
+
     def client(self) -> Any:
         """A boto3 S3 client of this server."""
         import boto3
@@ -110,6 +117,7 @@ def local_s3(bucket: str = "calsweep-test") -> Iterator[LocalS3]:
     """Start a local S3 server with an empty ``bucket`` (a valid S3 bucket name) and nothing else (moto's state is
     per process: an earlier server's buckets are cleared); stop it on exit."""
     s3 = LocalS3(bucket)
+    s3.check_credentials(False)
     s3.start()
     try:
         urllib.request.urlopen(urllib.request.Request(f"{s3.endpoint}/moto-api/reset", method="POST")).close()
