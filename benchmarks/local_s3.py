@@ -35,10 +35,31 @@ class Request:
     bytes_out: int
 
 
+class _CountingInput:
+    """A request's body stream that counts the bytes read from it (a chunked upload has no Content-Length)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.count = stream, 0
+
+    def read(self, *args: Any) -> bytes:
+        data = self.stream.read(*args)
+        self.count += len(data)
+        return data
+
+    def readline(self, *args: Any) -> bytes:
+        data = self.stream.readline(*args)
+        self.count += len(data)
+        return data
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.readline, b"")
+
+
 def _counting(app: Any, log: list[Request], lock: threading.Lock) -> Any:
     """``app`` (a WSGI application) with every request appended to ``log``."""
     def counted(environ: dict, start_response: Any) -> Any:
         status = [0]
+        environ["wsgi.input"] = body_in = _CountingInput(environ["wsgi.input"])
 
         def start(code: str, headers: list, *args: Any) -> Any:
             status[0] = int(code.split()[0])
@@ -47,7 +68,7 @@ def _counting(app: Any, log: list[Request], lock: threading.Lock) -> Any:
         body = list(app(environ, start))
         query = environ.get("QUERY_STRING")
         request = Request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "") + (f"?{query}" if query else ""),
-                          status[0], int(environ.get("CONTENT_LENGTH") or 0), sum(len(chunk) for chunk in body))
+                          status[0], body_in.count, sum(len(chunk) for chunk in body))
         with lock:
             log.append(request)
         return body
