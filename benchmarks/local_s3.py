@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import socket
 import threading
 import urllib.request
@@ -118,6 +119,21 @@ class LocalS3:
         from moto import settings
 
         settings.INITIAL_NO_AUTH_ACTION_COUNT = 0 if on else float("inf")
+
+    @contextlib.contextmanager
+    def exported(self) -> Iterator[None]:
+        """``env`` in this process's environment for the block (pyarrow reads AWS_ENDPOINT_URL from it), the
+        previous values restored after."""
+        previous = {name: os.environ.get(name) for name in self.env}
+        os.environ.update(self.env)
+        try:
+            yield
+        finally:
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def client(self) -> Any:
         """A boto3 S3 client of this server."""

@@ -61,8 +61,7 @@ def measure(trials: int, config: Path) -> dict:
     from sweeps.launch import summary_table
     from sweeps.progress import StoreRecorder, settle_stopped
 
-    with local_s3() as s3:
-        os.environ.update(s3.env)
+    with local_s3() as s3, s3.exported():
         root = f"s3://{s3.bucket}/traffic"
         sweep = load_sweep(config, {"results_dir": root, "name": "traffic"},
                            [f"seeds=[{','.join(map(str, range(trials)))}]", "label_smoothing=[0.1]"])

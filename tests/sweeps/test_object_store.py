@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sweeps import store
+from sweeps.analyze import main as analyze_main
 from sweeps.launch import main as launch_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def _local_files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-def test_a_sweep_into_a_bucket_survives_a_kill_and_an_outage_and_is_analysed(s3_store, tmp_path, data_dir):
+def test_a_sweep_into_a_bucket_survives_a_kill_and_an_outage_and_is_analysed(s3_store, tmp_path, data_dir, capsys):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     root = f"s3://{s3_store.bucket}/sweeps"
@@ -106,11 +107,10 @@ def test_a_sweep_into_a_bucket_survives_a_kill_and_an_outage_and_is_analysed(s3_
     assert not [k for k in keys if ".tmp" in k or "write-check" in k], keys  # no temporaries left behind
 
     analysis = tmp_path / "analysis"
-    out = subprocess.run([sys.executable, "-m", "sweeps.cli", "analyze", root, "--out", str(analysis),
-                          "--n-boot", "20"], capture_output=True, text=True, timeout=600, env=_env(data_dir),
-                         cwd=cwd)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"store: `{root}`" in out.stdout and "2 ok trials" in out.stdout and any(analysis.iterdir())
+    capsys.readouterr()
+    analyze_main([root, "--out", str(analysis), "--n-boot", "20"], prog="calsweep analyze")  # reads the bucket
+    notes = capsys.readouterr().out
+    assert f"store: `{root}`" in notes and "2 ok trials" in notes and any(analysis.iterdir())
     assert _local_files(cwd) == []  # no results/ folder, no checkpoint, nothing written locally instead
 
 
