@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import socket
 import threading
 import urllib.request
@@ -35,10 +36,31 @@ class Request:
     bytes_out: int
 
 
+class _CountingInput:
+    """A request's body stream that counts the bytes read from it (a chunked upload has no Content-Length)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.count = stream, 0
+
+    def read(self, *args: Any) -> bytes:
+        data = self.stream.read(*args)
+        self.count += len(data)
+        return data
+
+    def readline(self, *args: Any) -> bytes:
+        data = self.stream.readline(*args)
+        self.count += len(data)
+        return data
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.readline, b"")
+
+
 def _counting(app: Any, log: list[Request], lock: threading.Lock) -> Any:
     """``app`` (a WSGI application) with every request appended to ``log``."""
     def counted(environ: dict, start_response: Any) -> Any:
         status = [0]
+        environ["wsgi.input"] = body_in = _CountingInput(environ["wsgi.input"])
 
         def start(code: str, headers: list, *args: Any) -> Any:
             status[0] = int(code.split()[0])
@@ -47,7 +69,7 @@ def _counting(app: Any, log: list[Request], lock: threading.Lock) -> Any:
         body = list(app(environ, start))
         query = environ.get("QUERY_STRING")
         request = Request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "") + (f"?{query}" if query else ""),
-                          status[0], int(environ.get("CONTENT_LENGTH") or 0), sum(len(chunk) for chunk in body))
+                          status[0], body_in.count, sum(len(chunk) for chunk in body))
         with lock:
             log.append(request)
         return body
@@ -91,6 +113,28 @@ class LocalS3:
             self._thread.join()
             self._server = self._thread = None
 
+    def check_credentials(self, on: bool = True) -> None:
+        """Refuse requests signed with keys moto's IAM does not hold (``env``'s test keys among them), as AWS refuses
+        wrong credentials; ``on=False``: accept any (moto's default, restored by ``local_s3`` on entry)."""
+        from moto import settings
+
+        settings.INITIAL_NO_AUTH_ACTION_COUNT = 0 if on else float("inf")
+
+    @contextlib.contextmanager
+    def exported(self) -> Iterator[None]:
+        """``env`` in this process's environment for the block (pyarrow reads AWS_ENDPOINT_URL from it), the
+        previous values restored after."""
+        previous = {name: os.environ.get(name) for name in self.env}
+        os.environ.update(self.env)
+        try:
+            yield
+        finally:
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
     def client(self) -> Any:
         """A boto3 S3 client of this server."""
         import boto3
@@ -110,6 +154,7 @@ def local_s3(bucket: str = "calsweep-test") -> Iterator[LocalS3]:
     """Start a local S3 server with an empty ``bucket`` (a valid S3 bucket name) and nothing else (moto's state is
     per process: an earlier server's buckets are cleared); stop it on exit."""
     s3 = LocalS3(bucket)
+    s3.check_credentials(False)
     s3.start()
     try:
         urllib.request.urlopen(urllib.request.Request(f"{s3.endpoint}/moto-api/reset", method="POST")).close()

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import tempfile
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,9 @@ def writable_problem(root: str) -> str | None:
         except OSError as exc:
             return f"results_dir: {root!r} is not writable ({exc.strerror or exc} in {str(existing)!r})"
         return None
+    if urllib.parse.urlsplit(root).query:  # the store and Ray join folder names onto the URI: a query would split it
+        return (f"results_dir: {root!r} has a query; expected a plain URI such as s3://bucket/prefix, with the "
+                f"endpoint in AWS_ENDPOINT_URL (and the options in the AWS_* variables)")
     try:
         fs, base = filesystem(root)
         probe = f"{base}/.calsweep-write-check-{uuid.uuid4().hex}"
@@ -322,8 +326,31 @@ def writable_problem(root: str) -> str | None:
             sink.write(b"ok")
         fs.delete_file(probe)
     except Exception as exc:  # noqa: BLE001 - any storage failure is the one line
-        return f"results_dir: {root!r} is not writable ({' '.join(str(exc).split())[:200]})"
+        return _remote_problem(root, " ".join(str(exc).split()))
     return None
+
+
+_REFUSED_CREDENTIALS = ("INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "ACCESS_DENIED", "EXPIRED_TOKEN",
+                        "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "HTTP status 403")
+
+
+def _remote_problem(root: str, error: str) -> str:
+    """The one line for a remote store that could not be written: an unreachable endpoint, a missing bucket, refused
+    credentials, else the storage's own words."""
+    where = urllib.parse.urlsplit(root)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the default endpoint"
+    if "NETWORK_CONNECTION" in error or "Could not connect" in error or "Couldn't connect" in error:
+        return (f"results_dir: {root!r}: the object store at {endpoint} cannot be reached; expected a reachable "
+                f"endpoint (AWS_ENDPOINT_URL; unset for AWS itself)")
+    if "NO_SUCH_BUCKET" in error or "NoSuchBucket" in error:
+        return (f"results_dir: {root!r}: bucket {where.netloc!r} does not exist at {endpoint}; expected an existing "
+                f"bucket (create it, e.g. `aws s3 mb s3://{where.netloc}`)")
+    refused = next((code for code in _REFUSED_CREDENTIALS if code in error), None)
+    if refused:
+        return (f"results_dir: {root!r}: the object store at {endpoint} refused this machine's credentials "
+                f"({refused}); expected keys allowed to write the bucket (AWS_ACCESS_KEY_ID and "
+                f"AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the node's instance profile)")
+    return f"results_dir: {root!r} is not writable ({error[:200]})"
 
 
 def config_json(config: dict[str, Any]) -> str:
