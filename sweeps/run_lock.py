@@ -5,14 +5,15 @@ existence: a launcher that dies, however hard, releases it, so a dead launcher n
 clients carry ``flock`` to the server as a POSIX lock, so on a shared results directory it holds across machines.
 
 An object store (a URI root, e.g. s3://) has no locks: a lease object, <root>/runs/<name>/launch.lease (JSON: the
-holder's id, host, pid, lease time and expiry), which the launcher renews every ``lease_s / 4`` from a thread and
-deletes on exit. A second launcher is refused while the lease is unexpired; one killed hard leaves it to expire, after
-which a successor (``--resume``) takes it over, or at once on the holder's own machine (same host name and boot id)
-where its pid is gone. Expiry is wall-clock time, so the hosts' clocks must agree to well
-under ``lease_s`` (NTP does). pyarrow's filesystems have no conditional put (boto3's ``IfNoneMatch`` would be one, but
-boto3 is no dependency), so two launchers that find the run free at once both write: each reads the lease back
-``SETTLE_S`` after its write, and only the one whose write landed last holds it. Both hold only if one's write lands
-more than ``SETTLE_S`` after its read found the run free (a stalled request: the gap is one round trip otherwise).
+holder's id, host, boot id, pid, lease time and expiry), which the launcher renews every ``lease_s / 4`` from a
+thread and deletes on exit. A second launcher is refused while the lease is unexpired. One killed hard leaves it
+behind: a successor (``--resume``) takes it over once it expires, or at once on the holder's own machine (the same
+host name and boot id) where the holder's pid is gone. Expiry is wall-clock time, so the hosts' clocks must agree to
+well under ``lease_s`` (NTP does). pyarrow's filesystems have no conditional put (boto3's ``IfNoneMatch`` would be
+one, but boto3 is no dependency), so two launchers that find the run free at once both write: each reads the lease
+back ``SETTLE_S`` after its write, and only the one whose write landed last holds it. Both hold only if one's write
+lands more than ``SETTLE_S`` after its read found the run free (a stalled request: the gap is one round trip
+otherwise).
 """
 
 from __future__ import annotations

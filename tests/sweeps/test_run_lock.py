@@ -1,6 +1,7 @@
 """One launcher per run: a second launch of a run into the same store is refused while the first lives, and a
-launcher killed hard leaves nothing held: on a local store at once (the kernel's ``flock``), on an object store once
-its lease expires (a local S3 server over HTTP: the lease object, its renewal, takeover and release)."""
+launcher killed hard leaves nothing held: on a local store at once (the kernel's ``flock``), on an object store (a
+local S3 server over HTTP) once its lease expires, or at once where it ran on this machine; the lease is renewed
+while its launcher lives and deleted when it ends."""
 
 import json
 import subprocess
