@@ -10,6 +10,9 @@ A warm trial (``sweeps.warm_trial``: no Ray Train) keeps its checkpoints in the 
 through ``persist`` and ``latest``, so that a retried, resumed or re-run warm trial continues the same way; the
 ranks of a warm multi-worker trial (``sweeps.warm_group``) each add their part to one folder (``copy_part``), as Ray
 Train merges its workers' folders into one checkpoint.
+
+Every read and write here is retried through a passing outage of an object store (``sweeps.storage_retry``): the
+files keep their names when written again, so a retried copy leaves the same folder.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Any, Iterator
 import pyarrow.fs as pafs
 
 from sweeps import fingerprint
-from sweeps.store import filesystem
+from sweeps.storage_retry import retried
+from sweeps.store import filesystem, is_object_store
 from trainable.checkpointing import TRIAL_FILE
 from trainable.config import TrialConfig
 
@@ -50,12 +54,12 @@ def discard_stale(storage_path: str, name: str, trial: TrialConfig, workers: int
     workers; return what differed (one line), or None when the run is absent or can be continued."""
     fs, base = filesystem(storage_path)
     run = f"{base}/{name}"
-    for record in _records(fs, run):
+    for record in retried(f"read {name}'s checkpoints", lambda: _records(fs, run)):
         changed = fingerprint.differences(record["config"], trial.to_dict())
         if record["world_size"] != workers:
             changed["workers"] = (record["world_size"], workers)
         if changed:
-            fs.delete_dir(run)
+            retried(f"delete {name}'s checkpoints", lambda: fs.delete_dir(run))
             return fingerprint.describe(changed)
     return None
 
@@ -82,8 +86,13 @@ def copy_part(storage_path: str, directory: Path, target: str) -> None:
     files = sorted((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.name == TRIAL_FILE)
     for path in files:
         destination = f"{target}/{path.relative_to(directory).as_posix()}"
-        fs.create_dir(destination.rsplit("/", 1)[0], recursive=True)
-        pafs.copy_files(str(path), destination, source_filesystem=local, destination_filesystem=fs)
+
+        def copy() -> None:
+            if not is_object_store(fs):
+                fs.create_dir(destination.rsplit("/", 1)[0], recursive=True)
+            pafs.copy_files(str(path), destination, source_filesystem=local, destination_filesystem=fs)
+
+        retried(f"write {destination.rsplit('/', 3)[-3]}/.../{path.name}", copy)
 
 
 def persist(storage_path: str, name: str, directory: Path, keep: int, target: str | None = None) -> str:
@@ -95,11 +104,15 @@ def persist(storage_path: str, name: str, directory: Path, keep: int, target: st
     run = f"{base}/{name}"
     target = target or new_folder(storage_path, name)
     copy_part(storage_path, directory, target)
-    complete = _checkpoint_folders(fs, run)
-    for info in fs.get_file_info(pafs.FileSelector(run, allow_not_found=True)):
-        stale = info.path in complete[:-keep] or (info.path not in complete and info.path != target)
-        if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_") and stale:
-            fs.delete_dir(info.path)
+
+    def prune() -> None:
+        complete = _checkpoint_folders(fs, run)
+        for info in fs.get_file_info(pafs.FileSelector(run, allow_not_found=True)):
+            stale = info.path in complete[:-keep] or (info.path not in complete and info.path != target)
+            if info.type == pafs.FileType.Directory and info.base_name.startswith("checkpoint_") and stale:
+                fs.delete_dir(info.path)
+
+    retried(f"prune {name}'s checkpoints", prune)
     return target
 
 
@@ -108,12 +121,13 @@ def latest(storage_path: str, name: str) -> Iterator[Path | None]:
     """The run's newest complete checkpoint as a local folder (a download of a remote one, removed on exit), or
     None when it has none."""
     fs, base = filesystem(storage_path)
-    folders = _checkpoint_folders(fs, f"{base}/{name}")
+    folders = retried(f"list {name}'s checkpoints", lambda: _checkpoint_folders(fs, f"{base}/{name}"))
     if not folders:
         yield None
     elif isinstance(fs, pafs.LocalFileSystem):
         yield Path(folders[-1])
     else:
         with tempfile.TemporaryDirectory(prefix="calsweep-resume-") as local:
-            pafs.copy_files(folders[-1], local, source_filesystem=fs)
+            retried(f"read {name}'s checkpoint",
+                    lambda: pafs.copy_files(folders[-1], local, source_filesystem=fs))
             yield Path(local)

@@ -15,8 +15,10 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from typing import Any, Callable
 
+import pyarrow.fs as pafs
 import yaml
 
 from common.datasource import DataSourceError, resolve_data_dir
@@ -25,6 +27,7 @@ from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, s
 from sweeps.layout_report import alternatives_table, gpu_hours_line, layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
 from sweeps.run_lock import RunLockedError, run_lock
+from sweeps.storage_retry import retried
 from sweeps.driver import DRIVER_CPUS
 from trainable.result import TrialResult
 
@@ -135,16 +138,31 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def saved_sweep(results_dir: str, name: str) -> str:
+    """Where a run's resolved sweep is kept: <results_dir>/runs/<name>/sweep.yaml (a path or URI)."""
+    return f"{results_dir.rstrip('/')}/runs/{name}/sweep.yaml"
+
+
 def save_sweep(sweep: SweepConfig) -> str:
-    """Write the resolved sweep to <results_dir>/runs/<name>/sweep.yaml (what ``--resume`` reads back)."""
-    directory = os.path.join(sweep.results_dir, "runs", sweep.name)
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, "sweep.yaml")
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w") as handle:
-        yaml.safe_dump(json.loads(json.dumps(sweep_to_dict(sweep))), handle, sort_keys=False)
-    os.replace(temporary, path)
+    """Write the resolved sweep to ``saved_sweep`` (what ``--resume`` reads back), whole, retried through an outage
+    of an object store."""
+    path = saved_sweep(sweep.results_dir, sweep.name)
+    fs, target = store.filesystem(path)
+    text = yaml.safe_dump(json.loads(json.dumps(sweep_to_dict(sweep))), sort_keys=False)
+    retried(f"write runs/{sweep.name}/sweep.yaml", lambda: store.write_file(fs, target, text.encode()))
     return path
+
+
+def read_saved_sweep(results_dir: str, name: str, into: str) -> str:
+    """Copy the run's ``saved_sweep`` to the local folder ``into`` (it may live in an object store); its local path.
+    A run saved nowhere there is a ``ConfigError``."""
+    path = saved_sweep(results_dir, name)
+    fs, source = store.filesystem(path)
+    if retried(f"read runs/{name}/sweep.yaml", lambda: fs.get_file_info(source)).type != pafs.FileType.File:
+        raise ConfigError(f"--resume {name!r}: expected a run saved at {path}, found none")
+    local = os.path.join(into, "sweep.yaml")
+    retried(f"read runs/{name}/sweep.yaml", lambda: pafs.copy_files(source, local, source_filesystem=fs))
+    return local
 
 
 def _free_port() -> int:
@@ -204,8 +222,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
     cluster = ray.cluster_resources()
     sweep = plan_resources(sweep, cluster)
     results_dir = sweep.results_dir
-    if "://" not in results_dir:
-        save_sweep(sweep)
+    save_sweep(sweep)
     storage_path = f"{results_dir}/ray" if "://" in results_dir else os.path.join(results_dir, "ray")
     param_space = {**search.search_space(sweep), "sweep": sweep_to_dict(sweep), "storage_path": storage_path,
                    "rerun_changed": rerun_changed,
@@ -290,16 +307,15 @@ def retry_out_of_memory(sweep: SweepConfig, param_space: dict[str, Any], callbac
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
     try:
-        config = args.config
-        if args.resume:
-            if name_problems(args.resume, "--resume"):
-                raise ConfigError(*name_problems(args.resume, "--resume"))
-            config = os.path.join(args.results_dir or "results", "runs", args.resume, "sweep.yaml")
-            if not os.path.isfile(config):
-                raise ConfigError(f"--resume {args.resume!r}: expected a run saved at {config}, found none")
-        families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
-        sweep = load_sweep(config, {"name": args.name, "results_dir": args.results_dir, "data_dir": args.data_dir,
-                                    "families": families}, args.assignments)
+        with tempfile.TemporaryDirectory(prefix="calsweep-resume-") as local:
+            config = args.config
+            if args.resume:
+                if name_problems(args.resume, "--resume"):
+                    raise ConfigError(*name_problems(args.resume, "--resume"))
+                config = read_saved_sweep(args.results_dir or "results", args.resume, local)
+            families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
+            sweep = load_sweep(config, {"name": args.name, "results_dir": args.results_dir,
+                                        "data_dir": args.data_dir, "families": families}, args.assignments)
         if "://" not in sweep.results_dir:
             sweep = dataclasses.replace(sweep, results_dir=os.path.abspath(sweep.results_dir))
         root = resolve_data_dir(sweep.data_dir)  # absolute, so that Ray workers in other directories find it

@@ -178,8 +178,8 @@ class StoreRecorder(Callback):
 
         config = trial.config
         trial_id = self.sweep.trial(self.sweep.point(config)).trial_id
-        stored = store.trial_statuses(self.sweep.results_dir, self.sweep.name).get(trial_id)
-        if stored is not None and stored not in replaces:
+        stored = store.stored_trial(self.sweep.results_dir, self.sweep.name, trial_id)
+        if stored is not None and stored["status"] not in replaces:
             return
         row = trial_row(self.sweep, config, dict(trial.last_result or {}), status, error,
                         self.started.get(trial.trial_id, _now()), config["provenance"])

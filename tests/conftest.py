@@ -109,6 +109,7 @@ def load_benchmark(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` imported as a module (the scripts are files, not a package)."""
     spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import would: dataclasses and pickling look the module up by name
     spec.loader.exec_module(module)
     return module
 
@@ -117,6 +118,18 @@ def load_benchmark(name: str) -> ModuleType:
 def benchmark_script():
     """Loader of a benchmark script as a module: ``benchmark_script("bench_prefix_sharing").main([...])``."""
     return load_benchmark
+
+
+@pytest.fixture
+def s3_store(monkeypatch):
+    """A local S3 server over HTTP (``benchmarks/local_s3.py``: moto's, on 127.0.0.1) with an empty bucket
+    ``calsweep-test``, its endpoint and test credentials exported (``AWS_ENDPOINT_URL``, ...) for the test: the
+    launches it starts as subprocesses and the Ray workers of a ``ray.init`` in the test inherit them. Yields the
+    ``LocalS3`` (``.keys(prefix)`` lists the bucket, ``.stop()``/``.start()`` make an outage)."""
+    with load_benchmark("local_s3").local_s3() as s3:
+        for name, value in s3.env.items():
+            monkeypatch.setenv(name, value)
+        yield s3
 
 
 # Shared by the calibration, trainable and benchmark tests: a miniature data root in the official layouts, the real

@@ -1,8 +1,9 @@
 """Several Ray nodes on one machine (``ray.cluster_utils.Cluster``: a head and worker nodes, each its own raylet, as
 Ray tests itself): a head without trial resources and two one-CPU worker nodes, the results store on a directory
-all of them share, the sweep joining with ``--address``. Trials land on both worker nodes (the row's ``node_id``);
-a worker node killed hard mid-trial costs the trial its node, not its row: it resumes from its last checkpoint on
-the surviving node, and the store ends with one ok row per trial and no half-written file."""
+all of them share or in a bucket (a local S3 server over HTTP, as on a cluster without a shared disk), the sweep
+joining with ``--address``. Trials land on both worker nodes (the row's ``node_id``); a worker node killed hard
+mid-trial costs the trial its node, not its row: it resumes from its last checkpoint (read from the store) on the
+surviving node, and the store ends with one ok row per trial and no half-written file."""
 
 import os
 import socket
@@ -12,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 
 from sweeps import analyze, store
@@ -23,8 +25,19 @@ ON_TWO_NODES = ["resources.cpus_per_worker=0.9", "resources.max_concurrent_trial
 
 
 @pytest.fixture
-def cluster(data_dir):
-    """A head with no CPUs (no trial, no driver lands there) and two worker nodes with one CPU each."""
+def results(request, tmp_path) -> str:
+    """The store's root: a directory the nodes share ("local", the default), or a prefix of a local S3 server's
+    bucket ("s3": its endpoint and credentials exported before the nodes start, so that every node's processes
+    reach it)."""
+    if getattr(request, "param", "local") == "s3":
+        return f"s3://{request.getfixturevalue('s3_store').bucket}/calsweep"
+    return str(tmp_path / "shared")
+
+
+@pytest.fixture
+def cluster(data_dir, results):
+    """A head with no CPUs (no trial, no driver lands there) and two worker nodes with one CPU each, started after
+    the store's environment is set."""
     from ray.cluster_utils import Cluster
 
     os.environ["CALSWEEP_DATA_DIR"] = data_dir  # the nodes' processes (trial drivers, workers) inherit it
@@ -40,46 +53,54 @@ def cluster(data_dir):
     cluster.shutdown()
 
 
-def _launch(address: str, results: Path, *settings: str) -> subprocess.Popen:
+def _launch(address: str, results: str, *settings: str) -> subprocess.Popen:
     command = [sys.executable, str(REPO / "sweeps" / "launch.py"), "--config", str(CONFIG), "--address", address,
-               "--results-dir", str(results), *ON_TWO_NODES, *settings]
+               "--results-dir", results, *ON_TWO_NODES, *settings]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
 
 
-def _leftovers(results: Path) -> list[str]:
+def _files(root: str) -> list[str]:
+    """Every file under ``root`` (a local path or a URI), as paths relative to it."""
+    fs, base = store.filesystem(root)
+    infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=True))
+    return [info.path[len(base) + 1:] for info in infos if info.type == pafs.FileType.File]
+
+
+def _leftovers(results: str) -> list[str]:
     """Hidden (temporary) files of the store's tables: what a writer killed mid-write would leave."""
-    return [str(p) for table in ("trials", "questions") for p in (results / table).glob(".*")]
+    return [path for path in _files(results) if path.split("/")[0] in ("trials", "questions")
+            and path.split("/")[-1].startswith(".")]
 
 
 @pytest.mark.slow
-def test_a_sweep_on_two_worker_nodes_lands_on_both(cluster, tmp_path):
+def test_a_sweep_on_two_worker_nodes_lands_on_both(cluster, results, tmp_path):
     cluster, workers = cluster
-    results = tmp_path / "shared"
     launcher = _launch(cluster.address, results)
     out, _ = launcher.communicate(timeout=900)
     assert launcher.returncode == 0, out[-4000:]
-    rows = store.read_trials(str(results), "tiny").to_pylist()
+    rows = store.read_trials(results, "tiny").to_pylist()
     assert [row["status"] for row in rows] == ["ok", "ok"], out[-4000:]
     assert {row["node_id"] for row in rows} == {node.node_id for node in workers}  # one trial per worker node
     assert "tiny-llama  0.001  0.1   0     ok" in out  # the closing table
-    written = analyze.main([str(results), "--n-boot", "20", "--out", str(tmp_path / "analysis")])
+    written = analyze.main([results, "--n-boot", "20", "--out", str(tmp_path / "analysis")])
     assert any(path.name == "table1.csv" for path in written) and _leftovers(results) == []
 
 
-def _checkpointed(results: Path) -> int:
-    """Trials with a checkpoint their retry resumes from: a Ray Train run's committed checkpoint list (a folder
-    uploaded a moment before its controller died is not yet one), or a warm trial's complete checkpoint folder
-    (``sweeps.checkpoints.persist`` writes its trial.json last)."""
-    return sum((run / "checkpoint_manager_snapshot.json").is_file() or any(run.glob("checkpoint_*/trial.json"))
-               for run in (results / "ray").glob("tiny-*"))
+def _checkpointed(results: str) -> int:
+    """Trials with a checkpoint in the store that their retry resumes from: a Ray Train run's committed checkpoint
+    list (a folder uploaded a moment before its controller died is not yet one), or a warm trial's complete
+    checkpoint folder (``sweeps.checkpoints.persist`` writes its trial.json last)."""
+    return len({path.split("/")[0] for path in _files(f"{results}/ray") if path.startswith("tiny-") and (
+        path.count("/") == 1 and path.endswith("/checkpoint_manager_snapshot.json")
+        or path.count("/") == 2 and path.split("/")[1].startswith("checkpoint_") and path.endswith("/trial.json"))})
 
 
 @pytest.mark.slow
-def test_a_worker_node_killed_mid_trial_costs_no_row(cluster, tmp_path):
+@pytest.mark.parametrize("results", ["local", "s3"], indirect=True)
+def test_a_worker_node_killed_mid_trial_costs_no_row(cluster, results):
     cluster, workers = cluster
-    results = tmp_path / "shared"
-    launcher = _launch(cluster.address, results, "train.max_steps=24", "train.checkpoint_every_steps=4",
+    launcher = _launch(cluster.address, results, "train.max_steps=16", "train.checkpoint_every_steps=8",
                        "train.log_every=1", "eval.tasks=[arc_easy]", "resources.max_failures=2")
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)
@@ -90,12 +111,17 @@ def test_a_worker_node_killed_mid_trial_costs_no_row(cluster, tmp_path):
     assert _checkpointed(results) == 2, "".join(lines)[-4000:]
     lost, survivor = workers
     cluster.remove_node(lost, allow_graceful=False)  # its raylet and every process on it: SIGKILL
+    second = _launch(cluster.address, results)  # while the first recovers: refused (flock, or the bucket's lease)
+    refusal, _ = second.communicate(timeout=300)
+    assert second.returncode == 2 and launcher.poll() is None, refusal[-4000:]
+    assert refusal.splitlines()[-1].startswith("calsweep: error: run 'tiny' is being launched already"), refusal
     launcher.wait(timeout=900)
     reader.join(timeout=60)
     out = "".join(lines)
     assert launcher.returncode == 0, out[-4000:]
-    rows = store.read_trials(str(results), "tiny").to_pylist()
+    rows = store.read_trials(results, "tiny").to_pylist()
     assert [row["status"] for row in rows] == ["ok", "ok"], out[-4000:]  # one ok row per trial
     assert {row["node_id"] for row in rows} == {survivor.node_id}  # the lost node's trial finished on the survivor
-    assert any(row["resumed_from_step"] >= 4 for row in rows), out[-4000:]  # from its checkpoint, not step 0
+    assert any(row["resumed_from_step"] >= 8 for row in rows), out[-4000:]  # from its checkpoint, not step 0
     assert "resumed from its checkpoint at step" in out and _leftovers(results) == []
+    assert "runs/tiny/launch.lease" not in _files(results)  # a bucket's lease: released when the launch ended
