@@ -210,6 +210,17 @@ def test_schedule_by_steps_and_by_minutes():
     assert by_time.due(2) and not by_time.due(3)  # the clock restarts at a checkpoint
 
 
+def test_several_ranks_agree_on_the_time_rule_a_step_late_without_waiting_on_the_step(one_rank_process_group):
+    """Under several ranks each step's flag is summed over the ranks behind its kernels and read at the next step
+    (one rank decides at once: the test above); the one-rank group stands in for the ranks' all-reduce."""
+    by_time = checkpointing.CheckpointSchedule(None, 60.0, 2, torch.device("cpu"))
+    assert not by_time.due(1)
+    by_time.last -= 3601  # an hour since the last checkpoint, seen by step 2's flag
+    assert [by_time.due(s) for s in (2, 3, 4, 5)] == [False, True, False, False]
+    both = checkpointing.CheckpointSchedule(4, 60.0, 2, torch.device("cpu"))
+    assert [s for s in range(1, 9) if both.due(s)] == [4, 8]
+
+
 def test_fault_step_reads_the_environment(monkeypatch):
     monkeypatch.delenv(FAULT_ENV, raising=False)
     assert fault_step() is None
