@@ -34,7 +34,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -66,8 +66,7 @@ LEVERS = {
 }
 
 
-@dataclasses.dataclass
-class Measured:
+class Measured(NamedTuple):
     """One path's steady rate and its profiled steps."""
 
     name: str
@@ -75,6 +74,7 @@ class Measured:
     ms_per_step: float
     tokens_per_step: float
     profile: dict[str, float]
+    dynamo: dict[str, int]  # Dynamo's graphs, graph breaks and recompiles in this process so far (cumulative)
 
 
 # ---------------------------------------------------------------- the profile of a few steps
@@ -177,7 +177,8 @@ def run_row(args: argparse.Namespace, device: torch.device, micro_batch: int) ->
         seconds, counted = time.perf_counter() - started, tokens[0]
         profile = profiled(lambda: steps(args.profile_steps), args.profile_steps, device)
     engine.destroy()
-    return Measured("row", counted / seconds, 1e3 * seconds / args.steps, counted / args.steps, profile)
+    return Measured("row", counted / seconds, 1e3 * seconds / args.steps, counted / args.steps, profile,
+                    bench._dynamo_counts())
 
 
 # ---------------------------------------------------------------- (b) the trial, (c) its levers
@@ -263,7 +264,7 @@ def run_trial_path(args: argparse.Namespace, device: torch.device, trial, sweep,
     del setup, more
     _release(device)
     return Measured(f"{name}:{lever}" if lever else name, rate, 1e3 * tokens / rate / steady_steps,
-                    tokens / steady_steps, profile)
+                    tokens / steady_steps, profile, bench._dynamo_counts())
 
 
 def _release(device: torch.device) -> None:
@@ -281,13 +282,14 @@ def table(results: list[Measured]) -> str:
              for k in keys}
     row_rate = next((r.tokens_per_s for r in results if r.name == "row"), None)
     lines = [f"{'path':<32} {'tok/s':>9} {'x row':>6} {'ms/step':>8} {'tok/step':>8} " +
-             " ".join(f"{short[k]:>9}" for k in keys)]
+             " ".join(f"{short[k]:>9}" for k in keys) + f" {'recompiles':>10}"]
     for r in results:
         ratio = f"{r.tokens_per_s / row_rate:.3f}" if row_rate else "-"
         lines.append(f"{r.name:<32} {r.tokens_per_s:>9,.0f} {ratio:>6} {r.ms_per_step:>8.1f} {r.tokens_per_step:>8,.0f} "
-                     + " ".join(f"{r.profile[k]:>9.2f}" for k in keys))
+                     + " ".join(f"{r.profile[k]:>9.2f}" for k in keys) + f" {r.dynamo['recompiles']:>10}")
     lines.append("profiled columns: per step; kernel ms by category, GPU busy ms (union of kernel spans), wall ms, "
-                 "host ms in CUDA synchronize calls, synchronize calls")
+                 "host ms in CUDA synchronize calls, synchronize calls; "
+                 "Dynamo's recompiles so far in the process")
     return "\n".join(lines)
 
 
@@ -331,8 +333,8 @@ def main(argv: list[str] | None = None) -> None:
     record = {"date": time.strftime("%Y-%m-%d"),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "shape": args.shape, "seq_len": args.seq_len, "steps": args.steps,
               "warmup": args.warmup, "profile_steps": args.profile_steps, "levers": {k: LEVERS[k] for k in levers},
-              "trial": trial.to_dict(), "versions": bench._versions(),
-              "paths": [dataclasses.asdict(r) for r in results]}
+              "trial": trial.to_dict(), "threads": torch.get_num_threads(), "versions": bench._versions(),
+              "paths": [r._asdict() for r in results]}
     out.write_text(json.dumps(record, indent=1, default=str))
     print("\n" + table(results))
 
