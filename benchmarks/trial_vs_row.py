@@ -48,7 +48,7 @@ from benchmarks import sweep_gpu_utilization as utilization  # noqa: E402
 CATEGORIES = (
     ("LS-CE kernel", r"^_\w+_kernel$"),  # the fused loss's Triton kernels (kernels/: _lse_forward_kernel, ...)
     ("fused elementwise", r"^triton_"),  # Inductor's kernels of the compiled decoder layers (norms, rotary, SiLU)
-    ("attention", r"flash|fmha|attention|attn|cudnn"),
+    ("attention", r"flash|fmha|attention|attn|cudnn|sdpa"),
     ("GEMM", r"gemm|cutlass|nvjet|xmma|cublas|matmul|wgmma"),
     ("optimizer", r"adam|multi_tensor|foreach"),  # fused AdamW, clip_grad_norm_'s foreach norms and scaling
     ("FSDP/NCCL copies", r"nccl|memcpy|memset|copy|cat|split"),  # FSDP2's all-gather copies, bf16 casts, H2D
@@ -75,6 +75,8 @@ class Measured(NamedTuple):
     tokens_per_step: float
     profile: dict[str, float]
     dynamo: dict[str, int]  # Dynamo's graphs, graph breaks and recompiles in this process so far (cumulative)
+    attention: str  # the attention kernel set trained with (trainable.attention_check; the row: SDPA's own choice)
+    attention_report: dict[str, str]  # what each candidate measured against the math kernel (the trial's check)
 
 
 # ---------------------------------------------------------------- the profile of a few steps
@@ -178,14 +180,15 @@ def run_row(args: argparse.Namespace, device: torch.device, micro_batch: int) ->
         profile = profiled(lambda: steps(args.profile_steps), args.profile_steps, device)
     engine.destroy()
     return Measured("row", counted / seconds, 1e3 * seconds / args.steps, counted / args.steps, profile,
-                    bench._dynamo_counts())
+                    bench._dynamo_counts(), "unchecked", {})
 
 
 # ---------------------------------------------------------------- (b) the trial, (c) its levers
 
 def sweep_trial(args: argparse.Namespace, results: Path):
     """The ``TrialConfig`` of ``sweep_gpu_utilization.py``'s sweep's grid point (lr ``--learning-rate``, beta
-    ``--beta``), its ``sft`` and row width set by ``--max-examples`` and ``--seq-len``; and the sweep."""
+    ``--beta``), its ``sft`` and row width set by ``--max-examples`` and ``--seq-len``, its layout planned for this
+    GPU's memory; and the sweep."""
     from sweeps.config import TrialPoint, sweep_from_dict
 
     config = utilization.sweep_config(argparse.Namespace(shapes=[args.shape], trials=8, tokenizer=args.tokenizer,
@@ -196,6 +199,8 @@ def sweep_trial(args: argparse.Namespace, results: Path):
     config["train"] = {**config["train"], **utilization.SETTINGS["gpu"][1], "pack_length": args.seq_len,
                        **({} if on_gpu else {"precision": "auto"})}  # packed rows as on the GPU; fp32 on the CPU
     config["data_dir"] = args.data_dir
+    if on_gpu:  # planned for this GPU's memory, as the launcher plans a sweep's layouts (sweeps.launch)
+        config["resources"]["gpu_memory_gb"] = torch.cuda.get_device_properties(0).total_memory / 2**30
     sweep = sweep_from_dict(config)
     point = TrialPoint(sweep.families[0], args.learning_rate, args.beta, sweep.trial_seeds[0])
     return sweep.trial(point), sweep
@@ -259,12 +264,13 @@ def run_trial_path(args: argparse.Namespace, device: torch.device, trial, sweep,
             profile = profiled(lambda: worker.train(trial, more, device, 0, 1, reports.append, hand_off),
                                args.profile_steps, device)
         setup.engine.destroy()
+        attention = setup.attention
     finally:
         torch.set_num_threads(threads)
     del setup, more
     _release(device)
     return Measured(f"{name}:{lever}" if lever else name, rate, 1e3 * tokens / rate / steady_steps,
-                    tokens / steady_steps, profile, bench._dynamo_counts())
+                    tokens / steady_steps, profile, bench._dynamo_counts(), attention.name, attention.report)
 
 
 def _release(device: torch.device) -> None:
@@ -282,11 +288,12 @@ def table(results: list[Measured]) -> str:
              for k in keys}
     row_rate = next((r.tokens_per_s for r in results if r.name == "row"), None)
     lines = [f"{'path':<32} {'tok/s':>9} {'x row':>6} {'ms/step':>8} {'tok/step':>8} " +
-             " ".join(f"{short[k]:>9}" for k in keys) + f" {'recompiles':>10}"]
+             " ".join(f"{short[k]:>9}" for k in keys) + f" {'recompiles':>10}  attention"]
     for r in results:
         ratio = f"{r.tokens_per_s / row_rate:.3f}" if row_rate else "-"
         lines.append(f"{r.name:<32} {r.tokens_per_s:>9,.0f} {ratio:>6} {r.ms_per_step:>8.1f} {r.tokens_per_step:>8,.0f} "
-                     + " ".join(f"{r.profile[k]:>9.2f}" for k in keys) + f" {r.dynamo['recompiles']:>10}")
+                     + " ".join(f"{r.profile[k]:>9.2f}" for k in keys) + f" {r.dynamo['recompiles']:>10}  {r.attention}")
+    lines += [f"attention check of {r.name}: {r.attention_report}" for r in results if r.attention_report][:1]
     lines.append("profiled columns: per step; kernel ms by category, GPU busy ms (union of kernel spans), wall ms, "
                  "host ms in CUDA synchronize calls, synchronize calls; "
                  "Dynamo's recompiles so far in the process")

@@ -45,6 +45,9 @@ def test_row_trial_and_a_lever_on_the_cpu(script, data_dir, tmp_path, capsys):
     # the trial's rows are its own packing of the sweep's examples; the lever hands it the row's batches
     assert paths["trial"]["tokens_per_step"] == paths["trial_synced_clock"]["tokens_per_step"]
     assert paths["trial:row_data"]["tokens_per_step"] == pytest.approx(paths["row"]["tokens_per_step"], rel=0.35)
+    assert paths["row"]["attention"] == "unchecked" and paths["trial"]["attention"] in ("default", "flash_efficient",
+                                                                                        "math")
+    assert list(paths["trial"]["attention_report"])[0] == "default"  # the check ran: SDPA's own choice first
     trial = record["trial"]
     assert trial["train"]["pack"] and trial["train"]["pack_length"] == 128 and trial["learning_rate"] == 1e-4
     assert checkpointing.CheckpointSchedule.__name__ == "CheckpointSchedule"  # the old clock's stand-in is gone
