@@ -273,6 +273,12 @@ def run_trial_path(args: argparse.Namespace, device: torch.device, trial, sweep,
                     tokens / steady_steps, profile, bench._dynamo_counts(), attention.name, attention.report)
 
 
+def _versions() -> dict[str, str]:
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
 def _release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -331,18 +337,20 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     trial, sweep = sweep_trial(args, Path(args.results or out.with_suffix(".results")).resolve())
-    results = [run_row(args, device, trial.train.micro_batch_size)]
-    _release(device)
-    runs = [("trial", None), ("trial_synced_clock", None)] + [("trial", lever) for lever in levers]
-    for name, lever in runs:
-        print(f"[trial_vs_row] {name}{':' + lever if lever else ''}", flush=True)
-        results.append(run_trial_path(args, device, trial, sweep, name, lever))
     record = {"date": time.strftime("%Y-%m-%d"),
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "shape": args.shape, "seq_len": args.seq_len, "steps": args.steps,
-              "warmup": args.warmup, "profile_steps": args.profile_steps, "levers": {k: LEVERS[k] for k in levers},
-              "trial": trial.to_dict(), "threads": torch.get_num_threads(), "versions": bench._versions(),
-              "paths": [r._asdict() for r in results]}
-    out.write_text(json.dumps(record, indent=1, default=str))
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "shape": args.shape, "seq_len": args.seq_len, "steps": args.steps, "warmup": args.warmup,
+              "profile_steps": args.profile_steps, "levers": {k: LEVERS[k] for k in levers}, "trial": trial.to_dict(),
+              "threads": torch.get_num_threads(), "versions": _versions(), "paths": []}
+    results = []
+    runs = [("row", None), ("trial", None), ("trial_synced_clock", None)] + [("trial", lever) for lever in levers]
+    for name, lever in runs:
+        print(f"[trial_vs_row] {len(results) + 1}/{len(runs)} {name}{':' + lever if lever else ''}", flush=True)
+        results.append(run_row(args, device, trial.train.micro_batch_size) if name == "row" else
+                       run_trial_path(args, device, trial, sweep, name, lever))
+        _release(device)
+        record["paths"] = [r._asdict() for r in results]
+        out.write_text(json.dumps(record, indent=1, default=str))  # the paths so far survive a later failure
     print("\n" + table(results))
 
 
