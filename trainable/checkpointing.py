@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from kernels.plan_history import PlanHistory
+from trainable.step_accounting import PendingLoss
 
 DEEPSPEED_DIR, TAG = "deepspeed", "trial"
 LOOP_FILE, TRIAL_FILE, FINAL_FILE, QUESTIONS_FILE = "loop.json", "trial.json", "final_metrics.json", "questions.parquet"
@@ -98,23 +98,33 @@ def restore(engine, directory: Path, rank: int) -> PlanHistory:
 
 class CheckpointSchedule:
     """When to checkpoint: after every ``every_steps`` optimiser steps and/or once ``every_minutes`` have passed
-    since the last checkpoint (or the start); both None: never. The time rule is decided across ranks (any rank's
-    clock past due counts for all), so that every rank saves at the same step."""
+    since the last checkpoint (or the start); both None: never. One rank decides the time rule on its own clock, at
+    once and without touching the GPU. Several ranks decide it together (any rank's clock past due counts for all),
+    so that every rank saves at the same step, without the host waiting for the GPU: each step's flags are summed
+    over the ranks behind its kernels and read at the next step, once that one is queued (a checkpoint due by time
+    comes one step late). Reading the flag at once would hold every step's host until the GPU had finished it."""
 
     def __init__(self, every_steps: int | None, every_minutes: float | None, world_size: int,
                  device: torch.device):
         self.every_steps, self.every_minutes = every_steps, every_minutes
         self.world_size, self.device = world_size, device
         self.last = time.monotonic()
+        self.pending: PendingLoss | None = None  # several ranks: the last step's flags, summed behind its kernels
 
     def due(self, step: int) -> bool:
         """Whether to checkpoint after step ``step``; a True answer restarts the clock."""
         due = bool(self.every_steps and step % self.every_steps == 0)
         if self.every_minutes is not None:
-            late = torch.tensor(float(time.monotonic() - self.last >= 60 * self.every_minutes), device=self.device)
-            if self.world_size > 1:
-                dist.all_reduce(late, op=dist.ReduceOp.MAX)
-            due = due or bool(late.item())
+            due = self._late() or due
         if due:
             self.last = time.monotonic()
+        if self.every_minutes is not None and self.world_size > 1:  # this step's flag, read at the next
+            late = float(time.monotonic() - self.last >= 60 * self.every_minutes)
+            self.pending = PendingLoss(torch.full((), late, device=self.device), 1, self.world_size)
         return due
+
+    def _late(self) -> bool:
+        """One rank: its clock past due now; several: any rank's clock past due at the last call."""
+        if self.world_size == 1:
+            return time.monotonic() - self.last >= 60 * self.every_minutes
+        return self.pending is not None and self.pending.value() > 0

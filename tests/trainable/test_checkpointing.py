@@ -137,9 +137,9 @@ def _two_ranks(trial, out: Path, resume_from: Path | None = None) -> list[dict]:
 def test_two_zero3_ranks_save_their_shards_and_resume_from_them(tiny_llama_config, data_dir, tmp_path):
     trial = _trial(tiny_llama_config, data_dir, tmp_path, zero_stage=3, engine="deepspeed", checkpoint_every_steps=None,
                    checkpoint_every_minutes=1e-9)  # the time rule, agreed across the ranks: due after every step
-    full = _two_ranks(trial, tmp_path / "full")
+    full = _two_ranks(trial, tmp_path / "full")  # from step 2: each step's flags are read at the next step
     assert sorted(p.name for p in (tmp_path / "full").iterdir() if p.is_dir()) == \
-        ["done4", "train1", "train2", "train3", "train4"]
+        ["done4", "train2", "train3", "train4"]
     shards = sorted(p.name for p in (tmp_path / "full" / "train2" / "deepspeed" / "trial").iterdir())
     assert [name for name in shards if "optim_states" in name] == ["zero_pp_rank_0_mp_rank_00_optim_states.pt",
                                                                    "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
@@ -208,6 +208,17 @@ def test_schedule_by_steps_and_by_minutes():
     assert not by_time.due(1)
     by_time.last -= 3601  # an hour since the last checkpoint
     assert by_time.due(2) and not by_time.due(3)  # the clock restarts at a checkpoint
+
+
+def test_several_ranks_agree_on_the_time_rule_a_step_late_without_waiting_on_the_step(one_rank_process_group):
+    """Under several ranks each step's flag is summed over the ranks behind its kernels and read at the next step
+    (one rank decides at once: the test above); the one-rank group stands in for the ranks' all-reduce."""
+    by_time = checkpointing.CheckpointSchedule(None, 60.0, 2, torch.device("cpu"))
+    assert not by_time.due(1)
+    by_time.last -= 3601  # an hour since the last checkpoint, seen by step 2's flag
+    assert [by_time.due(s) for s in (2, 3, 4, 5)] == [False, True, False, False]
+    both = checkpointing.CheckpointSchedule(4, 60.0, 2, torch.device("cpu"))
+    assert [s for s in range(1, 9) if both.due(s)] == [4, 8]
 
 
 def test_fault_step_reads_the_environment(monkeypatch):

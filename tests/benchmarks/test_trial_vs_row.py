@@ -1,0 +1,60 @@
+"""trial_vs_row.py: its kernel categories and busy-time union, and a real run on the CPU of the row, the sweep's
+trial, the trial with the old synced checkpoint clock and one lever (the GPU's figures need a GPU)."""
+
+import json
+
+import pytest
+
+from trainable import checkpointing
+
+
+@pytest.fixture(scope="module")
+def script(benchmark_script):
+    return benchmark_script("trial_vs_row")
+
+
+@pytest.mark.parametrize("kernel, expected", [
+    ("_lse_forward_kernel", "LS-CE kernel"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "fused elementwise"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
+    ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", "attention"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT", "GEMM"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "FSDP/NCCL copies"),
+    ("Memcpy HtoD (Pinned -> Device)", "FSDP/NCCL copies"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "other"),
+])
+def test_kernels_fall_in_their_category(script, kernel, expected):
+    assert script.category(kernel) == expected
+
+
+def test_busy_time_counts_overlapping_kernels_once(script):
+    assert script._union_us([(0, 10), (5, 12), (20, 21), (20.5, 20.7)]) == pytest.approx(13)
+    assert script._union_us([]) == 0
+
+
+def test_row_trial_and_a_lever_on_the_cpu(script, data_dir, tmp_path, capsys):
+    out = tmp_path / "tvr.json"
+    script.main(["--shape", "tiny", "--seq-len", "128", "--max-examples", "48", "--steps", "2", "--warmup", "1",
+                 "--profile-steps", "1", "--levers", "row_data", "--data-dir", data_dir, "--out", str(out)])
+    record = json.loads(out.read_text())
+    paths = {p["name"]: p for p in record["paths"]}
+    assert list(paths) == ["row", "trial", "trial_synced_clock", "trial:row_data"]
+    assert all(p["tokens_per_s"] > 0 and p["ms_per_step"] > 0 and p["profile"]["wall ms"] > 0 for p in paths.values())
+    # the trial's rows are its own packing of the sweep's examples; the lever hands it the row's batches
+    assert paths["trial"]["tokens_per_step"] == paths["trial_synced_clock"]["tokens_per_step"]
+    assert paths["trial:row_data"]["tokens_per_step"] == pytest.approx(paths["row"]["tokens_per_step"], rel=0.35)
+    assert paths["row"]["attention"] == "unchecked" and paths["trial"]["attention"] in ("default", "flash_efficient",
+                                                                                        "math")
+    assert list(paths["trial"]["attention_report"])[0] == "default"  # the check ran: SDPA's own choice first
+    trial = record["trial"]
+    assert trial["train"]["pack"] and trial["train"]["pack_length"] == 128 and trial["learning_rate"] == 1e-4
+    assert checkpointing.CheckpointSchedule.__name__ == "CheckpointSchedule"  # the old clock's stand-in is gone
+    assert "trial_synced_clock" in capsys.readouterr().out
+
+
+def test_unknown_lever_is_refused_naming_it(script, capsys):
+    with pytest.raises(SystemExit):
+        script.main(["--levers", "no_reports,warp_drive"])
+    assert "warp_drive" in capsys.readouterr().err
