@@ -470,7 +470,7 @@ def trial_result(trial: TrialConfig, setup: TrialSetup, trained: Training, score
         gradient_accumulation_steps=engine.gradient_accumulation_steps(),
         activation_checkpointing=trained.recomputed, gpu_peak_gib=peak, gpu_peak_phase=peak_phase,
         gpu_peak_predicted_gib=max(predicted.values()) if predicted else None,
-        gpu_phase_peaks=trial_memory.phase_table(peaks.gib, predicted),
+        gpu_phase_peaks=trial_memory.phase_table(peaks.gib, predicted), gpu_alloc_retries=peaks.alloc_retries(),
         host_rss_gib=trial_memory.host_rss_gib(),
         wall_load_s=setup.load_s, wall_train_s=train_s, wall_eval_s=scored.eval_s, wall_total_s=total_s,
         model_path=model_path, node_id=ray_node_id(), **compile_cache_counts(),
