@@ -113,13 +113,20 @@ def measured_gpu_hours(sweep: SweepConfig, rows: list[dict[str, Any]]) -> float:
     return held / 3600
 
 
+def predicted_gpu_hours(sweep: SweepConfig, sft_rows: int | None) -> float | None:
+    """The dry run's GPU-hours of the whole sweep (``family_gpu_hours``, actors for the GPUs the launcher planned
+    for: ``sweep_gpus``); None where a family's are unknown."""
+    hours = [family_gpu_hours(sweep, family, sft_rows, sweep_gpus(sweep)) for family in sweep.families]
+    return None if None in hours else sum(hours)
+
+
 def gpu_hours_line(sweep: SweepConfig, rows: list[dict[str, Any]], sft_rows: int | None) -> str | None:
     """The end of a sweep's line: predicted GPU-hours (the dry run's) beside those its stored ``rows`` held; None
     for a sweep on CPUs (``resources.gpus_per_worker`` 0, as the launcher resolved it)."""
     if not sweep.resources.gpus_per_worker:
         return None
-    hours = [family_gpu_hours(sweep, family, sft_rows, sweep_gpus(sweep)) for family in sweep.families]
-    predicted = "unknown" if None in hours else f"{sum(hours):.3g}"
+    hours = predicted_gpu_hours(sweep, sft_rows)
+    predicted = "unknown" if hours is None else f"{hours:.3g}"
     return (f"GPU-hours: {predicted} predicted (training, load, start, compile, scoring and export, every planned "
-            f"trial to its end), "
-            f"{measured_gpu_hours(sweep, rows):.3g} measured ({len(rows)} stored trial(s): wall time x GPUs held)")
+            f"trial to its end), {measured_gpu_hours(sweep, rows):.3g} measured ({len(rows)} stored trial(s): "
+            f"wall time x GPUs held)")

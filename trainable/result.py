@@ -66,7 +66,8 @@ class TrialResult:
     # the trial, of rank 0; None on the CPU
     host_rss_gib: float | None  # the process's resident set at the trial's end (a warm actor's grows if trials leak)
     # wall times (seconds)
-    wall_load_s: float | None
+    wall_load_s: float | None  # load, attention check and restore
+    wall_check_s: float | None  # of wall_load_s: the attention check (0 when train.attention_check is off)
     wall_train_s: float | None
     wall_eval_s: float | None
     wall_total_s: float | None

@@ -65,15 +65,14 @@ def test_the_end_of_a_sweep_puts_measured_gpu_hours_beside_the_predicted(tmp_pat
     assert gpu_hours_line(cpu, rows, None) is None
 
 
-def _mixed_grid(tmp_path: Path) -> Path:
+def _mixed_grid(tmp_path: Path, benchmark_script) -> Path:
     """The recorded 4 x H100 mixed grid's sweep (benchmarks/sweep_gpu_utilization.py's config: 4 trials each of
     llama-8b and llama-1b, 40 steps, ARC-Easy 400, warm) planned for the detected H100's 79.6 GiB."""
     import argparse
 
     import yaml
 
-    from benchmarks.sweep_gpu_utilization import sweep_config
-
+    sweep_config = benchmark_script("sweep_gpu_utilization").sweep_config
     args = argparse.Namespace(shapes=["8b", "1b"], trials=4, steps=40, eval_limit=400, tokenizer="smollm2-135m",
                               engine="auto")
     config = sweep_config(args, tmp_path / "results", warm=True)
@@ -83,10 +82,10 @@ def _mixed_grid(tmp_path: Path) -> Path:
     return path
 
 
-def test_predicted_gpu_hours_of_the_recorded_mixed_grid_are_within_20_percent_of_its_trials(tmp_path):
+def test_predicted_gpu_hours_of_the_recorded_mixed_grid_are_within_20_percent_of_its_trials(tmp_path, benchmark_script):
     import json
 
-    sweep = load_sweep(_mixed_grid(tmp_path), {}, ["resources.gpus_per_worker=1",
+    sweep = load_sweep(_mixed_grid(tmp_path, benchmark_script), {}, ["resources.gpus_per_worker=1",
                                                    "resources.max_concurrent_trials=4"])
     assert sweep_gpus(sweep) == 4  # what the launcher planned on 4 GPUs
     # the layouts the recorded trials ran with
@@ -103,8 +102,8 @@ def test_predicted_gpu_hours_of_the_recorded_mixed_grid_are_within_20_percent_of
     assert abs(predicted / measured - 1) <= 0.2, (predicted, measured)
 
 
-def test_the_dry_run_prints_the_gpu_hours_with_fixed_costs(tmp_path, capsys):
-    assert main(["--config", str(_mixed_grid(tmp_path)), "--results-dir", str(tmp_path / "r"), "--dry-run"]) == 0
+def test_the_dry_run_prints_the_gpu_hours_with_fixed_costs(tmp_path, capsys, benchmark_script):
+    assert main(["--config", str(_mixed_grid(tmp_path, benchmark_script)), "--results-dir", str(tmp_path / "r"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "plus load, start, compile, scoring and export, sweeps/trial_cost.py" in out
     assert "llama-8b: 2 GPUs, FSDP2 (ZeRO-3 layout)" in out and "sweep: " in out
