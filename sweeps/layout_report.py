@@ -40,13 +40,18 @@ def family_trials(sweep: SweepConfig) -> dict[str, int]:
     return {f: sum(1 for p in sweep.trial_points() if p.family == f) for f in sweep.families}
 
 
-def scored_questions(sweep: SweepConfig) -> int:
-    """Questions a trial scores: each task's ``eval.limit``, or all of its questions (read) without one."""
-    if sweep.eval.limit is not None:
-        return sweep.eval.limit * len(sweep.eval.tasks)
-    from calibration.task_config import TASKS, load_prompts
+def scored_questions(sweep: SweepConfig) -> float:
+    """Questions a trial scores, in zero-shot question texts: each task's ``eval.limit`` or its published size
+    (``TaskConfig.questions``), x (1 + its shots), a k-shot prompt holding k + 1 questions' texts."""
+    from calibration.task_config import TASKS
 
-    return sum(len(load_prompts(TASKS[t], data_dir=sweep.data_dir)[0]) for t in sweep.eval.tasks)
+    def size(task: str) -> int:
+        known, limit = TASKS[task].questions, sweep.eval.limit
+        if limit is None:
+            return known or 0
+        return min(limit, known) if known else limit
+
+    return float(sum(size(t) * (1 + TASKS[t].k_shot) for t in sweep.eval.tasks))
 
 
 def family_gpu_hours(sweep: SweepConfig, family: str, sft_rows: int | None, gpus: int | None = None) -> float | None:

@@ -3,8 +3,10 @@ the measured ones (each stored trial's wall time x the GPUs it held) count the s
 
 For a model of P parameters on a layout of N GPUs, per trial (each term x N GPUs held):
     load    = P / LOAD_PARAMS_PER_S                           weights built (random init) or read, then sharded
-    score   = Q x P x SCORE_S_PER_QUESTION_PARAM / N          Q questions (the tasks at their limits); a forward's
-                                                              FLOPs grow with P, the N ranks share the questions
+    score   = Q x P x SCORE_S_PER_QUESTION_PARAM / N          Q questions (the tasks at their limits, a k-shot
+                                                              one's counted k + 1 times:
+                                                              ``sweeps.layout_report.scored_questions``); a
+                                                              forward's FLOPs grow with P, the N ranks share them
     export  = 2P / EXPORT_BYTES_PER_S                         bf16 weights written (``train.save_model`` only)
 and per actor, on its first trial (every trial when ``resources.warm_trials`` is off: each starts a new process):
     start   = WORKER_START_S, + GROUP_START_S across GPUs     process, CUDA context; helper ranks and NCCL
@@ -49,7 +51,7 @@ def compiled_graphs(shape: ModelShape, layout: Layout) -> int:
     return 2 if 0 < recomputed < shape.layers else 1
 
 
-def trial_seconds(shape: ModelShape, layout: Layout, questions: int, export: bool) -> float:
+def trial_seconds(shape: ModelShape, layout: Layout, questions: float, export: bool) -> float:
     """Wall seconds of one warm trial outside training: load + score + export (module docstring)."""
     load = shape.params / LOAD_PARAMS_PER_S
     score = questions * shape.params * SCORE_S_PER_QUESTION_PARAM / layout.workers
@@ -70,7 +72,7 @@ def actors(trials: int, workers: int, gpus: int | None, warm: bool) -> int:
     return min(trials, max(1, gpus // workers)) if gpus else min(trials, 1)
 
 
-def fixed_gpu_hours(shape: ModelShape, layout: Layout, trials: int, questions: int, export: bool,
+def fixed_gpu_hours(shape: ModelShape, layout: Layout, trials: int, questions: float, export: bool,
                     gpus: int | None, warm: bool) -> float:
     """GPU-hours a family's ``trials`` hold besides training: (trials x ``trial_seconds`` + actors x
     ``actor_start_seconds``) x the layout's GPUs."""

@@ -10,7 +10,8 @@ from sweeps import store
 from sweeps.config import load_sweep
 from sweeps.launch import main
 from trainable.layout import gpu_hours
-from sweeps.layout_report import family_gpu_hours, gpu_hours_line, layout_table, sweep_gpus, trial_tokens
+from sweeps.layout_report import (family_gpu_hours, gpu_hours_line, layout_table, scored_questions, sweep_gpus,
+                                  trial_tokens)
 from sweeps.gpu_sharing import layout_check
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
@@ -107,3 +108,10 @@ def test_the_dry_run_prints_the_gpu_hours_with_fixed_costs(tmp_path, capsys, ben
     out = capsys.readouterr().out
     assert "plus load, start, compile, scoring and export, sweeps/trial_cost.py" in out
     assert "llama-8b: 2 GPUs, FSDP2 (ZeRO-3 layout)" in out and "sweep: " in out
+
+
+def test_scoring_is_planned_for_the_tasks_at_their_limits_a_k_shot_question_k_plus_1_times():
+    every = load_sweep(PAPER)  # MMLU 5-shot, ARC-Easy and HellaSwag, every question
+    assert scored_questions(every) == 14042 * 6 + 2376 + 10042
+    assert scored_questions(load_sweep(PAPER, {}, ["eval.limit=400"])) == 400 * 6 + 400 + 400
+    assert scored_questions(load_sweep(PAPER, {}, ["eval.limit=5000"])) == 5000 * 6 + 2376 + 5000
