@@ -115,3 +115,11 @@ def test_scoring_is_planned_for_the_tasks_at_their_limits_a_k_shot_question_k_pl
     assert scored_questions(every) == 14042 * 6 + 2376 + 10042
     assert scored_questions(load_sweep(PAPER, {}, ["eval.limit=400"])) == 400 * 6 + 400 + 400
     assert scored_questions(load_sweep(PAPER, {}, ["eval.limit=5000"])) == 5000 * 6 + 2376 + 5000
+
+
+def test_the_registry_s_question_counts_are_the_local_data_s(data_dir):
+    from calibration.task_config import TASKS
+    from calibration.tasks import LOADERS
+
+    for task in TASKS.values():
+        assert len(LOADERS[task.dataset](task.split, data_dir=data_dir)) == task.questions, task.name
