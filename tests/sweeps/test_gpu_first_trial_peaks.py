@@ -20,7 +20,7 @@ import yaml
 
 from sweeps import overhead, store
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, QUESTIONS = 6, 32  # enough steps for the training peak (the first compiles); the scoring phase runs
