@@ -40,6 +40,8 @@ def use_alloc_conf(conf: str) -> None:
     has started (a warm actor), in the running allocator (its next segments)."""
     import os
 
+    if os.environ.get(ALLOC_CONF_ENV) == conf:  # a warm actor's later trials: as its first set it
+        return
     os.environ[ALLOC_CONF_ENV] = conf
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.memory._set_allocator_settings(conf)
