@@ -84,7 +84,7 @@ def layout_table(sweep: SweepConfig, sft_rows: int | None = None, gpus: int | No
     """One line per family and a total: layout, predicted peak GiB per GPU, trials, GPU-hours (actors for the
     cluster's ``gpus``, one per family when unknown)."""
     trials = family_trials(sweep)
-    node = f"{gpus} GPUs" if gpus else "GPUs unknown: one actor a family"
+    node = f"{gpus} GPUs" if gpus else "no GPUs seen: one actor per family"
     lines = [f"Layouts on {sweep.resources.planned_gpu_memory_gb:g} GiB GPUs (trainable/layout.py; GPU-hours: "
              f"training at the recorded MFU of each layout, 989 TFLOP/s bf16 peak, plus load, start, compile, "
              f"scoring and export, sweeps/trial_cost.py, for {node}):"]
