@@ -44,7 +44,8 @@ collator hands rows out (its loader runs one batch ahead at both ends of the tim
 and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embedding params + the LM head.
 Peak memory is the largest over the ranks (PyTorch's allocator), beside ``trainable.layout``'s prediction for
 the row's layout, with the peak reserved and the allocator's retries (cache freed to retry a cudaMalloc: a GPU at
-the edge of its memory). Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
+the edge of its memory), under the allocator settings a sweep's workers get (``alloc_conf`` in each record:
+``trainable.trial_memory.alloc_conf``, expandable segments unless PYTORCH_CUDA_ALLOC_CONF is set). Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
 into calsweep's DeepSpeed config (knob trials). ``calsweep_engine_compile`` is DeepSpeed's own compiler
 (``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop. ``calsweep_fsdp2`` (rows of stage 3,
 or auto: its micro-batch, accumulation and recomputed layers) is the same compiled trial loop on the trials' FSDP2
@@ -411,6 +412,7 @@ def _result(name: str, args, row: dict, seconds: float, flops_per_token: float, 
     return {"impl": name, "row": row_name(row), **row, "tokens_per_s_per_gpu": per_gpu,
             "mfu": per_gpu * flops_per_token / PEAK_FLOPS, "peak_gib": float(peak[0]),
             "peak_reserved_gib": float(peak[1]), "alloc_retries": int(peak[2]),
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
             "step_ms": 1000 * seconds / args.steps, "last_loss": loss, "seq_len": args.seq_len, "beta": args.beta,
             "steps": args.steps, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "date": time.strftime("%Y-%m-%d"),
@@ -550,6 +552,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"expected --impls from {IMPLS}, got {unknown}")
     import torch
 
+    from trainable.trial_memory import ALLOC_CONF_ENV, alloc_conf
+
+    os.environ[ALLOC_CONF_ENV] = alloc_conf()  # the rows' processes allocate as a sweep's workers do
     available = torch.cuda.device_count() or (1 if args.cpu else 0)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     results = [r for r in json.loads(Path(args.out).read_text()) if not r.get("error", "").startswith("skipped")] \

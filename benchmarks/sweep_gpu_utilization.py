@@ -31,10 +31,14 @@ per path:
 - per trial (``sweeps.overhead``, from the store's timestamps and the worker's wall times): overhead (time outside
   the trial's own load, training and scoring) and idle (overhead plus loading: previous trial's last scored
   question to this trial's first optimiser step), as means over the trials that follow another on their GPU;
-- train and scoring seconds per trial;
+- train and scoring seconds per trial, and each trial's seconds by phase: load, attention check, compile warm-up,
+  training, scoring (``phase_seconds``);
+- GPU-hours: predicted (``sweeps.layout_report.predicted_gpu_hours``: training plus load, start, compile, scoring,
+  ``sweeps/trial_cost.py``) against measured (each trial's wall time x GPUs held), as the launch's last line says;
 - memory (``trainable.trial_memory``): each trial's host RSS in start order (a warm actor's growth shows there),
   the largest GPU peak, and the largest peak over the layout model's prediction for that trial.
-Prints a table (and one of the trials), writes JSON and, with samples, a plot of each GPU's utilisation over the
+Prints a table (and one of the trials), writes JSON (every ``--partial-every`` seconds while a sweep runs too, so that a
+run killed from outside leaves the trials done so far) and, with samples, a plot of each GPU's utilisation over the
 sweep with the trials' spans shaded by family (the JSON's name, .png). ``--summarise WORK`` reads a finished run's
 folder (its stores, samples and bench JSON) again instead of running.
 """
@@ -50,6 +54,7 @@ import sys
 import time
 from pathlib import Path
 from statistics import mean, median
+from typing import Callable
 
 import yaml
 
@@ -173,10 +178,34 @@ def trial_spans(rows: list[dict], records: list[dict]) -> list[dict]:
             "trial_id": r["trial_id"], "family": r["family"], "status": r["status"], "gpus": gpus,
             "layout": f"{engine} {r.get('micro_batch_size')}x{r.get('gradient_accumulation_steps')}",
             "start_s": r["started_at"].timestamp() - start, "end_s": r["finished_at"].timestamp() - start,
-            "tokens_per_s_per_gpu": rate, "bench_row": row and row["row"],
+            **phase_seconds(r), "tokens_per_s_per_gpu": rate, "bench_row": row and row["row"],
             "bench_tokens_per_s_per_gpu": row and row["tokens_per_s_per_gpu"],
             "vs_bench": rate / row["tokens_per_s_per_gpu"] if row and rate is not None else None})
     return spans
+
+
+def phase_seconds(row: dict) -> dict[str, float | None]:
+    """A stored trial's seconds by phase: load (the attention check left out), attention check, compile warm-up
+    (``wall_warmup_s``: the warm-up steps, compiling), training (the warm-up included) and scoring."""
+    load, check = row.get("wall_load_s"), row.get("wall_check_s")
+    return {"load_s": None if load is None else load - (check or 0.0), "check_s": check,
+            "warmup_s": row.get("wall_warmup_s"), "train_s": row.get("wall_train_s"), "score_s": row.get("wall_eval_s")}
+
+
+def gpu_hours(results: Path, rows: list[dict]) -> dict[str, float | None]:
+    """Predicted (``sweeps.layout_report.predicted_gpu_hours`` of the run's resolved sweep.yaml, as the launcher
+    planned it) and measured GPU-hours (each stored trial's wall time x GPUs held); nothing before the launcher has
+    saved its sweep."""
+    from sweeps.config import load_sweep
+    from sweeps.layout_report import measured_gpu_hours, predicted_gpu_hours
+
+    saved = results / "runs" / RUN / "sweep.yaml"
+    if not saved.is_file():
+        return {}
+    sweep = load_sweep(saved)
+    if not sweep.resources.gpus_per_worker:
+        return {}
+    return {"gpu_hours_predicted": predicted_gpu_hours(sweep, None), "gpu_hours_measured": measured_gpu_hours(sweep, rows)}
 
 
 def by_family(spans: list[dict]) -> dict[str, dict]:
@@ -226,7 +255,7 @@ def summarise(results: Path, samples: list[tuple[float, int, float]], records: l
         "eval_s_median": median(r["wall_eval_s"] for r in ok) if ok else None,
         "load_s_median": median(r["wall_load_s"] for r in ok) if ok else None,
         "overhead": overhead.summary(overheads),
-        **memory(ok),
+        **memory(ok), **gpu_hours(results, rows),
         "by_trial": spans, "by_family": by_family(spans),
     }
 
@@ -289,25 +318,42 @@ def plot_timeline(works: dict[str, Path], summaries: dict[str, dict], path: Path
     plt.close(fig)
 
 
+def _hours(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def _median(rows: list[dict], key: str) -> float | None:
     values = [r[key] for r in rows if r.get(key) is not None]
     return median(values) if values else None
 
 
-def run_path(args: argparse.Namespace, work: Path, warm: bool, records: list[dict]) -> dict:
+def run_path(args: argparse.Namespace, work: Path, warm: bool, records: list[dict],
+             partial: Callable[[dict], None] = lambda summary: None) -> dict:
     """Run the benchmark's sweep once (warm or cold) under ``work``, sampling the GPUs; its summary, the trials'
-    rates against ``records`` (``bench_records``)."""
+    rates against ``records`` (``bench_records``). Every ``args.partial_every`` seconds while it runs, ``partial``
+    gets the summary so far (``launch_exit_code`` "running"), so that a run killed from outside leaves its trials."""
     work.mkdir(parents=True, exist_ok=True)
     config = work / "sweep.yaml"
     config.write_text(yaml.safe_dump(sweep_config(args, work / "results", warm), sort_keys=False))
     sampler = sample_gpus(work / "gpu_samples.csv")
     launch = subprocess.Popen([sys.executable, str(ROOT / "sweeps" / "launch.py"), "--config", str(config)],
                               env=os.environ.copy())
+    deadline = None if args.timeout is None else time.time() + args.timeout
+    exit_code: int | str | None = None
     try:
-        exit_code = launch.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:  # summarise the trials that finished
-        launch.kill()
-        exit_code = "timed out"
+        while exit_code is None:
+            every = args.partial_every
+            left = every if deadline is None else min(every, deadline - time.time())
+            try:
+                exit_code = launch.wait(timeout=max(left, 0.1))
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.time() >= deadline:  # summarise the trials that finished
+                    launch.kill()
+                    launch.wait()
+                    exit_code = "timed out"
+                else:
+                    partial({"launch_exit_code": "running",
+                             **summarise(work / "results", read_samples(work / "gpu_samples.csv"), records)})
     finally:
         if sampler is not None:
             sampler.terminate()
@@ -352,6 +398,8 @@ def table(result: dict) -> str:
                 cell(r.get("host_rss_gib_by_trial", [None])[i], 1, " GiB") for i in (0, -1))),
             ("GPU peak max, / predicted", lambda r: f"{cell(r.get('gpu_peak_gib_max'), 1, ' GiB')}, "
                                                    f"{cell(r.get('gpu_peak_over_predicted_max'), 1, 'x')}"),
+            ("GPU-hours predicted / measured", lambda r: f"{_hours(r.get('gpu_hours_predicted'))} / "
+                                                        f"{_hours(r.get('gpu_hours_measured'))}"),
             ("sweep (first start to last end)", lambda r: cell(r["sweep_s"]))]
     def family_cell(figures: dict | None) -> str:
         if figures is None or figures["tokens_per_s_per_gpu_median"] is None:
@@ -367,16 +415,19 @@ def table(result: dict) -> str:
 
 
 def trial_table(path: str, summary: dict) -> str:
-    """One line per trial of a path (``trial_spans``), in start order: span, GPUs, layout, tokens/s per GPU against
-    its benchmark row."""
+    """One line per trial of a path (``trial_spans``), in start order: span, GPUs, layout, seconds of its phases
+    (``phase_seconds``; warm-up is part of train), tokens/s per GPU against its benchmark row."""
     def cell(value: float | None, form: str) -> str:
         return "-" if value is None else format(value, form)
 
+    phases = ("load_s", "check_s", "warmup_s", "train_s", "score_s")
     lines = [f"{path}: {'trial':<44} {'status':<7} {'start s':>8} {'end s':>8} GPUs  {'layout':<12} "
+             f"{'load':>6} {'check':>6} {'warmup':>6} {'train':>6} {'score':>6} "
              f"{'tok/s/GPU':>10} {'bench row':<20} {'row tok/s':>10} {'vs row':>7}"]
     for t in summary.get("by_trial", []):
         lines.append(f"{'':{len(path) + 2}}{t['trial_id']:<44} {t['status']:<7} {t['start_s']:>8.1f} "
                      f"{t['end_s']:>8.1f} {t['gpus']:>4}  {t['layout']:<12} "
+                     + "".join(f"{cell(t.get(k), '.1f'):>6} " for k in phases) +
                      f"{cell(t['tokens_per_s_per_gpu'], ',.0f'):>10} {t['bench_row'] or '-':<20} "
                      f"{cell(t['bench_tokens_per_s_per_gpu'], ',.0f'):>10} {cell(t['vs_bench'], '.3f'):>7}")
     return "\n".join(lines)
@@ -422,6 +473,8 @@ def main() -> None:
                         help="run bench_sft_throughput.py on these rows first (shape:gpus:zero:batch:data, "
                              "comma-separated) and set each trial's rate against them")
     parser.add_argument("--out", default="gpu_utilization.json")
+    parser.add_argument("--partial-every", type=float, default=30.0, metavar="S",
+                        help="while a sweep runs, write its summary so far to --out every S seconds")
     parser.add_argument("--summarise", default=None, metavar="WORK",
                         help="run nothing: summarise the finished run in WORK (its --work) again, keeping the device, "
                              "date and exit codes of the JSON at --out, and plot it")
@@ -449,10 +502,18 @@ def main() -> None:
         result = {"date": time.strftime("%Y-%m-%d"), "device": _device(), "shape": ",".join(args.shapes),
                   "trials": args.trials, "steps": args.steps, "eval_limit": args.eval_limit, "engine": args.engine,
                   "bench": bench, "paths": {}}
+        out = Path(args.out)
+
+        def write(path: str, summary: dict) -> None:  # what has run so far: a run killed from outside keeps it
+            result["paths"][path] = summary
+            temporary = out.with_name(out.name + ".tmp")
+            temporary.write_text(json.dumps(result, indent=1, default=str))
+            os.replace(temporary, out)
+
         for path in paths:
             print(f"[sweep_gpu_utilization] {path} sweep", flush=True)
-            result["paths"][path] = run_path(args, work / path, warm=path == "warm", records=records)
-            Path(args.out).write_text(json.dumps(result, indent=1, default=str))  # what has run so far
+            write(path, run_path(args, work / path, warm=path == "warm", records=records,
+                                 partial=lambda summary, path=path: write(path, summary)))
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     plot_timeline({path: work / path for path in paths}, result["paths"], Path(args.out).with_suffix(".png"))
     print("\n" + table(result))

@@ -29,6 +29,7 @@ class TaskConfig:
     fit_split: str | None = None  # held-out split for temperature scaling
     subjects: tuple[str, ...] | None = None  # MMLU subset; None = all 57
     title: str = ""  # how tables and figures name it; "" = name
+    questions: int | None = None  # in the scored split, as published (what a sweep's GPU-hours plan for)
 
     def __post_init__(self) -> None:
         if not self.title:
@@ -49,13 +50,14 @@ class TaskConfig:
 
 TASKS: dict[str, TaskConfig] = {  # in the order tables show them (the paper's Table 1: MMLU, HellaSwag, ARC-Easy)
     "mmlu": TaskConfig("mmlu", "mmlu", "mmlu", split="test", fewshot_split="dev", k_shot=5, fit_split="val",
-                       title="MMLU"),
+                       title="MMLU", questions=14042),
     "hellaswag": TaskConfig("hellaswag", "hellaswag", "hellaswag", split="val", fewshot_split="train",
-                            title="HellaSwag"),
+                            title="HellaSwag", questions=10042),
     "arc_easy": TaskConfig("arc_easy", "arc_easy", "arc_cloze", split="test", fewshot_split="train",
-                           fit_split="dev", title="ARC-Easy"),
+                           fit_split="dev", title="ARC-Easy", questions=2376),
     "arc_easy_lettered": TaskConfig("arc_easy_lettered", "arc_easy", "arc_lettered", split="test",
-                                    fewshot_split="train", fit_split="dev", title="ARC-Easy (lettered)"),
+                                    fewshot_split="train", fit_split="dev", title="ARC-Easy (lettered)",
+                                    questions=2376),
 }
 DEFAULT_TASKS = ("mmlu", "arc_easy", "hellaswag")  # what a trial and the evaluate CLI score unless told, in this order
 

@@ -78,10 +78,13 @@ def _report(problems: list[str]) -> int:
     return 2
 
 
-def with_gpu_memory(sweep: SweepConfig, address: str | None) -> tuple[SweepConfig, str]:
+def with_gpu_memory(sweep: SweepConfig, address: str | None,
+                    groups: tuple[cluster_gpus.GpuGroup, ...] | None = None) -> tuple[SweepConfig, str]:
     """The sweep with ``resources.gpu_memory_gb`` set (as configured, else from the GPUs of the cluster at
-    ``address`` or of this machine: ``sweeps.cluster_gpus``) and the line that says which GPUs it is planned for."""
-    memory, line = cluster_gpus.planned_memory(cluster_gpus.detect(address), sweep.resources.gpu_memory_gb)
+    ``address`` or of this machine: ``sweeps.cluster_gpus``, or the ``groups`` read from it) and the line that says
+    which GPUs it is planned for."""
+    groups = cluster_gpus.detect(address) if groups is None else groups
+    memory, line = cluster_gpus.planned_memory(groups, sweep.resources.gpu_memory_gb)
     return dataclasses.replace(sweep, resources=dataclasses.replace(sweep.resources, gpu_memory_gb=memory)), line
 
 
@@ -325,7 +328,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except DataSourceError as exc:
         return _report([str(exc)])
     try:
-        sweep, gpus = with_gpu_memory(sweep, args.address)
+        groups = cluster_gpus.detect(args.address)
+        sweep, gpus = with_gpu_memory(sweep, args.address, groups)
     except ConnectionError as exc:
         return _report([f"--address {args.address!r}: {' '.join(str(exc).split())}"])
     checked = preflight(sweep)
@@ -344,7 +348,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         for point in search.trial_order(sweep):  # longest first (the launch fits one-GPU trials in around them)
             print(sweep.trial(point).trial_id)
         rows = sft_row_count(sweep)
-        print(layout_table(sweep, rows))
+        print(layout_table(sweep, rows, sum(group.count for group in groups) or None))
         alternatives = alternatives_table(sweep, rows)
         if alternatives:
             print(alternatives)

@@ -1,7 +1,8 @@
 """What ``--dry-run`` says of each family's layout: GPUs, ZeRO stage, micro-batch, recomputed layers, the memory
-model's peak per GPU and the sweep's predicted GPU-hours (``trainable.layout.gpu_hours``: the trials' tokens x
-FLOPs per token at the MFU recorded for the layout); and what the end of a sweep says of them: the predicted
-GPU-hours beside the measured ones (``gpu_hours_line``)."""
+model's peak per GPU and the sweep's predicted GPU-hours: training (``trainable.layout.gpu_hours``: the trials'
+tokens x FLOPs per token at the MFU recorded for the layout) plus what each trial and each actor spends around it
+(``sweeps.trial_cost``: load, start, compile, scoring, export); and what the end of a sweep says of them: the
+predicted GPU-hours beside the measured ones, each trial's wall time x the GPUs it held (``gpu_hours_line``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 from typing import Any
 
 from sweeps.config import SweepConfig
+from sweeps.trial_cost import fixed_gpu_hours
 
 
 def trial_tokens(sweep: SweepConfig, family: str, sft_rows: int | None) -> float | None:
@@ -38,23 +40,54 @@ def family_trials(sweep: SweepConfig) -> dict[str, int]:
     return {f: sum(1 for p in sweep.trial_points() if p.family == f) for f in sweep.families}
 
 
-def family_gpu_hours(sweep: SweepConfig, family: str, sft_rows: int | None) -> float | None:
-    """Predicted GPU-hours of the family's planned trials, each run to its end; None without a readable shape, a
-    fitting layout or known steps."""
+def scored_questions(sweep: SweepConfig) -> float:
+    """Questions a trial scores, in zero-shot question texts: each task's ``eval.limit`` or its published size
+    (``TaskConfig.questions``), x (1 + its shots), a k-shot prompt holding k + 1 questions' texts."""
+    from calibration.task_config import TASKS
+
+    def size(task: str) -> int:
+        known, limit = TASKS[task].questions, sweep.eval.limit
+        if limit is None:
+            return known or 0
+        return min(limit, known) if known else limit
+
+    return float(sum(size(t) * (1 + TASKS[t].k_shot) for t in sweep.eval.tasks))
+
+
+def family_gpu_hours(sweep: SweepConfig, family: str, sft_rows: int | None, gpus: int | None = None) -> float | None:
+    """Predicted GPU-hours of the family's planned trials, each run to its end: training plus load, scoring and
+    export per trial and start and compile per actor (``sweeps.trial_cost``, its actors from the cluster's
+    ``gpus``); None without a readable shape, a fitting layout or known steps."""
     from trainable.layout import gpu_hours
 
     shape, tokens = sweep.shape(family), trial_tokens(sweep, family, sft_rows)
     if shape is None or tokens is None or sweep.layout_problem(family):
         return None
-    seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
-    return family_trials(sweep)[family] * gpu_hours(shape, sweep.layout(family), tokens, seq_len)
+    seq_len, layout, trials = sweep.train.pack_length or sweep.sft.max_seq_len, sweep.layout(family), \
+        family_trials(sweep)[family]
+    fixed = fixed_gpu_hours(shape, layout, trials, scored_questions(sweep), sweep.train.save_model, gpus,
+                            sweep.resources.warm_trials)
+    return trials * gpu_hours(shape, layout, tokens, seq_len) + fixed
 
 
-def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
-    """One line per family and a total: layout, predicted peak GiB per GPU, trials, GPU-hours."""
+def sweep_gpus(sweep: SweepConfig) -> int | None:
+    """The GPUs the launcher planned the sweep's concurrency for (``launch.plan_resources``: concurrent trials x
+    the fewest workers a trial has x GPUs per worker); None before it has."""
+    r = sweep.resources
+    if not r.max_concurrent_trials or not isinstance(r.gpus_per_worker, (int, float)) or not r.gpus_per_worker:
+        return None
+    workers = min(sweep.layout(family).workers for family in sweep.families)
+    return round(r.max_concurrent_trials * workers * r.gpus_per_worker)
+
+
+def layout_table(sweep: SweepConfig, sft_rows: int | None = None, gpus: int | None = None) -> str:
+    """One line per family and a total: layout, predicted peak GiB per GPU, trials, GPU-hours (actors for the
+    cluster's ``gpus``, one per family when unknown)."""
     trials = family_trials(sweep)
-    lines = [f"Layouts on {sweep.resources.planned_gpu_memory_gb:g} GiB GPUs (trainable/layout.py; "
-             f"GPU-hours at the recorded MFU of each layout, 989 TFLOP/s bf16 peak):"]
+    node = f"{gpus} GPUs" if gpus else "no GPUs seen: one actor per family"
+    lines = [f"Layouts on {sweep.resources.planned_gpu_memory_gb:g} GiB GPUs (trainable/layout.py; GPU-hours: "
+             f"training at the recorded MFU of each layout, 989 TFLOP/s bf16 peak, plus load, start, compile, "
+             f"scoring and export, sweeps/trial_cost.py, for {node}):"]
     total, known = 0.0, True
     for family in sweep.families:
         layout, shape = sweep.layout(family), sweep.shape(family)
@@ -64,7 +97,7 @@ def layout_table(sweep: SweepConfig, sft_rows: int | None = None) -> str:
             lines.append(f"  {family}: {layout.describe()} as configured; {why}")
             known = False
             continue
-        hours = family_gpu_hours(sweep, family, sft_rows)
+        hours = family_gpu_hours(sweep, family, sft_rows, gpus)
         total += hours or 0.0
         known = known and hours is not None
         cost = f"{hours:.3g} GPU-hours" if hours is not None else "GPU-hours unknown (steps unknown)"
@@ -85,15 +118,23 @@ def measured_gpu_hours(sweep: SweepConfig, rows: list[dict[str, Any]]) -> float:
     return held / 3600
 
 
+def predicted_gpu_hours(sweep: SweepConfig, sft_rows: int | None) -> float | None:
+    """The dry run's GPU-hours of the whole sweep (``family_gpu_hours``, actors for the GPUs the launcher planned
+    for: ``sweep_gpus``); None where a family's are unknown."""
+    hours = [family_gpu_hours(sweep, family, sft_rows, sweep_gpus(sweep)) for family in sweep.families]
+    return None if None in hours else sum(hours)
+
+
 def gpu_hours_line(sweep: SweepConfig, rows: list[dict[str, Any]], sft_rows: int | None) -> str | None:
     """The end of a sweep's line: predicted GPU-hours (the dry run's) beside those its stored ``rows`` held; None
     for a sweep on CPUs (``resources.gpus_per_worker`` 0, as the launcher resolved it)."""
     if not sweep.resources.gpus_per_worker:
         return None
-    hours = [family_gpu_hours(sweep, family, sft_rows) for family in sweep.families]
-    predicted = "unknown" if None in hours else f"{sum(hours):.3g}"
-    return (f"GPU-hours: {predicted} predicted (trainable.layout.gpu_hours, every planned trial to its end), "
-            f"{measured_gpu_hours(sweep, rows):.3g} measured ({len(rows)} stored trial(s): wall time x GPUs held)")
+    hours = predicted_gpu_hours(sweep, sft_rows)
+    predicted = "unknown" if hours is None else f"{hours:.3g}"
+    return (f"GPU-hours: {predicted} predicted (training, load, start, compile, scoring and export, every planned "
+            f"trial to its end), {measured_gpu_hours(sweep, rows):.3g} measured ({len(rows)} stored trial(s): "
+            f"wall time x GPUs held)")
 
 
 def alternatives_table(sweep: SweepConfig, sft_rows: int | None = None) -> str | None:
@@ -127,7 +168,7 @@ def _hours(sweep: SweepConfig, family: str, layout: Any, sft_rows: int | None) -
     if tokens is None:
         return "GPU-hours unknown (steps unknown)"
     seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
-    return f"{family_trials(sweep)[family] * gpu_hours(sweep.shape(family), layout, tokens, seq_len):.3g} GPU-hours"
+    return f"{family_trials(sweep)[family] * gpu_hours(sweep.shape(family), layout, tokens, seq_len):.3g} GPU-hours of training"
 
 
 def hsdp_line(sweep: SweepConfig, family: str) -> str | None:

@@ -9,10 +9,14 @@ of every pending trial handed out (up to ``TUNE_MAX_PENDING_TRIALS_PG``; for thi
 waits behind another. But a multi-GPU trial's Tune actor holds next to nothing (``sweeps.driver``): its GPUs are
 its Ray Train workers' placement group, which waits in Ray while the trial counts against the cap. In plain
 longest-first order, multi-GPU trials waiting for GPUs would fill the cap while one-GPU trials that fit the free
-GPUs were never handed out: hence the order. That holds for Ray Train trials (``resources.warm_trials: false``); a
-warm multi-GPU trial's Tune actor holds its placement group itself (``sweeps.warm_group``), so Tune starts it only
-when its GPUs are free, and the simulated hand-out can keep a one-GPU trial waiting for seconds
-(tests/sweeps/test_trial_order.py marks that test an expected failure until the order is revisited).
+GPUs were never handed out: hence the order. That holds for Ray Train trials (``resources.warm_trials: false``).
+A warm trial's Tune actor holds its GPUs itself (a multi-GPU one its placement group: ``sweeps.warm_group``), so
+Tune starts it only when its GPUs are free, and reuses a finished trial's actor for a pending trial of the same
+resources at once. There a cap on trials handed out only delays: with the cap at the 3 trials 3 GPUs hold, a
+one-GPU trial waited 24 s on a free GPU behind the simulated order (its actor was gone when it came). So a warm
+grid on GPUs whose cap the GPUs already hold (``hand_out_cap``: the launcher's default) is handed out whole, in
+plain longest-first order, and Tune and Ray place each trial as GPUs free up: on 3 GPUs the 2-GPU and the one-GPU
+trials each ran back to back, 0.1 s apart (tests/sweeps/test_trial_order.py).
 """
 
 from __future__ import annotations
@@ -66,21 +70,39 @@ def trial_order(sweep: SweepConfig, gpus: float = 0) -> list[TrialPoint]:
     (``trial_hours``; equal ones with more GPUs first; families of unknown length last; then the grid's order,
     ``trial_points``); without the cluster's ``gpus`` (0, or a dry run), in that order.
 
-    With ``gpus`` (and ``resources.gpus_per_worker`` set), Tune's hand-out is simulated (``_hand_out``): whenever
-    fewer than ``resources.max_concurrent_trials`` trials are out, the next is the first by priority that fits the
+    With ``gpus`` (and ``resources.gpus_per_worker`` set) and a cap on trials handed out (``hand_out_cap``: none for
+    a warm grid whose cap the GPUs hold anyway), Tune's hand-out is simulated (``_hand_out``): whenever fewer than
+    that many trials are out, the next is the first by priority that fits the
     GPUs free then, else the first by priority (it waits, first in line). So a one-GPU trial fills a GPU that a
     waiting multi-GPU trial cannot use, and no one-GPU trial is handed out to take the GPUs of a multi-GPU trial
     whose Ray Train workers are still starting (their request reaches Ray seconds after the trial starts)."""
     hours = {family: trial_hours(sweep, family) for family in sweep.families}
-    per_worker = sweep.resources.gpus_per_worker
-    per_worker = per_worker if isinstance(per_worker, float | int) else 0  # "auto" until the launcher's probe
+    per_worker = _gpus_per_worker(sweep)
     width = {family: sweep.layout(family).workers * per_worker for family in sweep.families}
     priority = sorted(sweep.trial_points(), key=lambda p: (hours[p.family] is None, -(hours[p.family] or 0.0),
                                                            -width[p.family]))
-    if not gpus or not per_worker:
+    cap = hand_out_cap(sweep, gpus)
+    if not gpus or not per_worker or (sweep.resources.warm_trials and not cap):
         return priority
-    cap = sweep.resources.max_concurrent_trials or len(priority)
-    return _hand_out(priority, width, {f: hours[f] or 0.0 for f in sweep.families}, float(gpus), cap)
+    return _hand_out(priority, width, {f: hours[f] or 0.0 for f in sweep.families}, float(gpus), cap or len(priority))
+
+
+def _gpus_per_worker(sweep: SweepConfig) -> float:
+    per_worker = sweep.resources.gpus_per_worker
+    return per_worker if isinstance(per_worker, float | int) else 0  # "auto" until the launcher's probe
+
+
+def hand_out_cap(sweep: SweepConfig, gpus: float = 0) -> int:
+    """How many grid trials Tune may hold at once, running or waiting for resources (0: no cap):
+    ``resources.max_concurrent_trials``, except for warm trials on the cluster's ``gpus`` when that many of the
+    narrowest trials fill the GPUs anyway (the launcher's default): then the GPUs are the only cap (module
+    docstring)."""
+    cap, per_worker = sweep.resources.max_concurrent_trials or 0, _gpus_per_worker(sweep)
+    if sweep.resources.warm_trials and gpus and per_worker and cap:
+        narrowest = min(sweep.layout(family).workers for family in sweep.families) * per_worker
+        if cap * narrowest >= gpus - 1e-9:
+            return 0
+    return cap
 
 
 def _hand_out(priority: list[TrialPoint], gpus_of: dict[str, float], hours_of: dict[str, float], gpus: float,
@@ -135,14 +157,15 @@ def _sampler(name: str, seed: int):
 
 
 def search_algorithm(sweep: SweepConfig, gpus: float = 0):
-    """The grid: Tune's ``BasicVariantGenerator`` handing out ``trial_order``'s points for the cluster's ``gpus``;
-    optuna: an ``OptunaSearch`` on a persistent study, warm-started with the grid once (in that order). Either holds
-    at most ``resources.max_concurrent_trials`` trials at once (TuneConfig's own cap is left unset)."""
+    """The grid: Tune's ``BasicVariantGenerator`` handing out ``trial_order``'s points for the cluster's ``gpus``,
+    at most ``hand_out_cap`` at once; optuna: an ``OptunaSearch`` on a persistent study, warm-started with the grid
+    once (in that order), at most ``resources.max_concurrent_trials`` at once (it samples each trial as it hands it
+    out). TuneConfig's own cap is left unset."""
     if sweep.search.method == "grid":
         from ray.tune.search import BasicVariantGenerator
 
         return BasicVariantGenerator(points_to_evaluate=[p._asdict() for p in trial_order(sweep, gpus)],
-                                     max_concurrent=sweep.resources.max_concurrent_trials or 0)
+                                     max_concurrent=hand_out_cap(sweep, gpus))
     import optuna
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.sample import Domain

@@ -77,15 +77,18 @@ def accelerator() -> torch.device:
 def cap_threads(sweep: SweepConfig) -> None:
     """This actor's CPU threads as a Ray Train worker of the trial gets them (``sweeps.driver.worker_env``: Tune
     starts the actor with the job's environment, not the workers'): torch's intra-op threads, and Inductor's compile
-    workers, read when its pool starts at the actor's first compile. Call before the trial compiles anything."""
+    workers, read when its pool starts at the actor's first compile; and the workers' CUDA allocator settings. Call
+    before the trial compiles or allocates anything."""
     import torch
     import torch._inductor.config
 
     from sweeps.driver import worker_env
+    from trainable.trial_memory import ALLOC_CONF_ENV, use_alloc_conf
 
     env = worker_env(sweep)
     torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     torch._inductor.config.compile_threads = int(env["TORCHINDUCTOR_COMPILE_THREADS"])
+    use_alloc_conf(env[ALLOC_CONF_ENV])
 
 
 def process_group(device: torch.device, rank: int = 0, world_size: int = 1, store: dist.TCPStore | None = None) -> None:

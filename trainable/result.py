@@ -62,9 +62,12 @@ class TrialResult:
     gpu_peak_phase: str | None  # the phase of that peak: load, attention_check, train, export or score
     gpu_peak_predicted_gib: float | None  # the largest of trainable.layout.phase_peaks; None off CUDA, non-bf16
     gpu_phase_peaks: str | None  # JSON {phase: [measured GiB, predicted GiB or null]} (trainable.trial_memory)
+    gpu_alloc_retries: int | None  # the caching allocator's cudaMalloc retries (freed its cache, tried again) in
+    # the trial, of rank 0; None on the CPU
     host_rss_gib: float | None  # the process's resident set at the trial's end (a warm actor's grows if trials leak)
     # wall times (seconds)
-    wall_load_s: float | None
+    wall_load_s: float | None  # load, attention check and restore
+    wall_check_s: float | None  # of wall_load_s: the attention check (0 when train.attention_check is off)
     wall_train_s: float | None
     wall_eval_s: float | None
     wall_total_s: float | None

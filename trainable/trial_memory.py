@@ -20,8 +20,37 @@ import torch
 from trainable.config import TrialConfig
 from trainable.layout import GIB, ModelShape, phase_peaks
 
+# the CUDA caching allocator's settings of a trial's workers unless the user sets PYTORCH_CUDA_ALLOC_CONF: segments
+# that grow in place, so a layout near the GPU's edge does not free and retry (8B on two H100s under the default:
+# 77.6 GiB reserved for 64.8 allocated, 48 retries; docs/results.md)
+ALLOC_CONF_ENV, DEFAULT_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"
 OOM_PEAK = "gpu_peak_gib"  # the attribute of an out-of-memory error that carries its rank's peak (GiB)
 _ALLOCATED = re.compile(r"([\d.]+) (GiB|MiB) is allocated by PyTorch")  # the CUDA caching allocator's message
+
+
+def alloc_conf() -> str:
+    """The allocator settings workers run with: the user's ``PYTORCH_CUDA_ALLOC_CONF``, else ``DEFAULT_ALLOC_CONF``."""
+    import os
+
+    return os.environ.get(ALLOC_CONF_ENV) or DEFAULT_ALLOC_CONF
+
+
+def use_alloc_conf(conf: str) -> None:
+    """Run this process's CUDA allocator with ``conf``: in the environment (read when CUDA starts) and, where CUDA
+    has started (a warm actor), in the running allocator (its next segments)."""
+    import os
+
+    if os.environ.get(ALLOC_CONF_ENV) == conf:  # a warm actor's later trials: as its first set it
+        return
+    os.environ[ALLOC_CONF_ENV] = conf
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings(conf)
+
+
+def alloc_retries(device: torch.device) -> int | None:
+    """cudaMalloc retries of the caching allocator on ``device`` (it freed its cache and tried again) since the
+    process started; None on the CPU."""
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0)) if device.type == "cuda" else None
 
 
 def reset_gpu_peak(device: torch.device) -> None:
@@ -37,12 +66,18 @@ def gpu_peak_gib(device: torch.device) -> float | None:
 
 class PhasePeaks:
     """The allocator's peak on ``device`` in each phase of a trial (GiB), phase by phase: ``with peaks.phase(name)``
-    starts the peak afresh (a warm actor's previous trial, or the previous phase, set it) and keeps it at the end.
-    Nothing is measured on the CPU."""
+    starts the peak afresh (a warm actor's previous trial, or the previous phase, set it) and keeps it at the end;
+    and its retries over the trial. Nothing is measured on the CPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.gib: dict[str, float] = {}
+        self.retries_before = alloc_retries(device)
+
+    def alloc_retries(self) -> int | None:
+        """The allocator's retries since this trial began (a warm actor's earlier trials left out); None on CPU."""
+        now = alloc_retries(self.device)
+        return None if now is None else now - (self.retries_before or 0)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:

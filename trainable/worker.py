@@ -188,6 +188,7 @@ class TrialSetup:
     attention: AttentionChoice
     load_s: float  # seconds to load, check and restore
     first_batch: dict[str, torch.Tensor]  # this rank's first micro-batch (the attention check's probe)
+    check_s: float = 0.0  # of ``load_s``: seconds of the attention check
 
 
 def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
@@ -200,8 +201,10 @@ def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
     with peaks.phase("load"):
         setup = _loaded(trial, device, rank, world_size, resume_from)
     if trial.train.attention_check:
+        checking = time.time()
         with peaks.phase("attention_check"):
             setup.attention = _checked_attention(setup, device, rank)
+        setup.check_s = time.time() - checking
     if setup.resumed:
         with peaks.phase("load"):
             setup.wrapped.head.plan_history = checkpointing.restore(setup.engine, resume_from, rank)
@@ -470,9 +473,9 @@ def trial_result(trial: TrialConfig, setup: TrialSetup, trained: Training, score
         gradient_accumulation_steps=engine.gradient_accumulation_steps(),
         activation_checkpointing=trained.recomputed, gpu_peak_gib=peak, gpu_peak_phase=peak_phase,
         gpu_peak_predicted_gib=max(predicted.values()) if predicted else None,
-        gpu_phase_peaks=trial_memory.phase_table(peaks.gib, predicted),
+        gpu_phase_peaks=trial_memory.phase_table(peaks.gib, predicted), gpu_alloc_retries=peaks.alloc_retries(),
         host_rss_gib=trial_memory.host_rss_gib(),
-        wall_load_s=setup.load_s, wall_train_s=train_s, wall_eval_s=scored.eval_s, wall_total_s=total_s,
+        wall_load_s=setup.load_s, wall_check_s=setup.check_s, wall_train_s=train_s, wall_eval_s=scored.eval_s, wall_total_s=total_s,
         model_path=model_path, node_id=ray_node_id(), **compile_cache_counts(),
         task_metrics=flat_metrics(scored.summary), entropy=scored.entropy)
 

@@ -190,7 +190,37 @@ def test_runs_warm_and_cold_sweeps_on_the_cpu(tmp_path, data_dir):
         assert figures["overhead"]["overhead_s_mean"] > 0
         assert len(figures["host_rss_gib_by_trial"]) == 2 and min(figures["host_rss_gib_by_trial"]) > 0.2
         assert figures["gpu_peak_gib_max"] is None  # no GPU
+        for trial in figures["by_trial"]:  # each trial's phases; the check's seconds are part of the load's
+            assert trial["load_s"] > 0 and trial["check_s"] > 0 and trial["train_s"] >= trial["warmup_s"] > 0
+            assert trial["score_s"] > 0
+        assert "gpu_hours_measured" not in figures  # a CPU sweep holds no GPUs
     assert "overhead per trial, mean / max" in run.stdout and "GPU busy" in run.stdout
+    assert "GPU-hours predicted / measured" in run.stdout and " check " in run.stdout
+
+
+@pytest.mark.slow
+def test_a_run_killed_from_outside_leaves_the_trials_it_finished(tmp_path, data_dir):
+    """While its sweep runs the script writes the summary so far (``--partial-every``): killed after the first
+    trial's row, its JSON holds that trial."""
+    import signal
+    import time
+
+    out = tmp_path / "util.json"
+    run = subprocess.Popen([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "4", "--steps", "2",
+                            "--eval-limit", "4", "--paths", "warm", "--partial-every", "1", "--work",
+                            str(tmp_path / "work"), "--out", str(out)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True,
+                           env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
+    try:
+        deadline, warm = time.time() + 600, {}
+        while time.time() < deadline and run.poll() is None and not warm.get("trials"):
+            time.sleep(1)
+            warm = json.loads(out.read_text())["paths"].get("warm", {}) if out.is_file() else {}
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)  # the script, its sweep and the sweep's Ray
+        run.wait(timeout=60)
+    assert warm.get("launch_exit_code") == "running" and warm["trials"] >= 1, warm
+    assert json.loads(out.read_text())["paths"]["warm"]["by_trial"][0]["status"] == "ok"
 
 
 @pytest.mark.slow

@@ -8,10 +8,15 @@ import pytest
 
 from sweeps import store
 from sweeps.config import load_sweep
-from sweeps.layout_report import gpu_hours_line, layout_table, trial_tokens
+from sweeps.launch import main
+from trainable.layout import gpu_hours
+from sweeps.layout_report import (family_gpu_hours, gpu_hours_line, layout_table, scored_questions, sweep_gpus,
+                                  trial_tokens)
 from sweeps.gpu_sharing import layout_check
 
 TINY = Path(__file__).with_name("tiny_sweep.yaml")
+ROOT = Path(__file__).resolve().parents[2]
+MIXED = ROOT / "docs" / "measurements" / "2026-11-27-h100x4-mixed" / "mixed_grid_warm_h100x4.json"
 PAPER = Path(__file__).resolve().parents[2] / "sweeps" / "configs" / "paper_alpaca.yaml"
 
 
@@ -54,7 +59,67 @@ def test_the_end_of_a_sweep_puts_measured_gpu_hours_beside_the_predicted(tmp_pat
     rows = store.read_trials(str(tmp_path), sweep.name).to_pylist()
     predicted = layout_table(sweep).splitlines()[-1].split("sweep: ")[1].split()[0]  # what the dry run said
     assert gpu_hours_line(sweep, rows, None) == (
-        f"GPU-hours: {predicted} predicted (trainable.layout.gpu_hours, every planned trial to its end), 1.25 "
+        f"GPU-hours: {predicted} predicted (training, load, start, compile, scoring and export, every planned "
+        f"trial to its end), 1.25 "
         f"measured (2 stored trial(s): wall time x GPUs held)")  # (0.75 h x 2 + 1 h x 1) x 0.5 GPU
     cpu = load_sweep(TINY, {"results_dir": str(tmp_path)}, ["resources.gpus_per_worker=0"])
     assert gpu_hours_line(cpu, rows, None) is None
+
+
+def _mixed_grid(tmp_path: Path, benchmark_script) -> Path:
+    """The recorded 4 x H100 mixed grid's sweep (benchmarks/sweep_gpu_utilization.py's config: 4 trials each of
+    llama-8b and llama-1b, 40 steps, ARC-Easy 400, warm) planned for the detected H100's 79.6 GiB."""
+    import argparse
+
+    import yaml
+
+    sweep_config = benchmark_script("sweep_gpu_utilization").sweep_config
+    args = argparse.Namespace(shapes=["8b", "1b"], trials=4, steps=40, eval_limit=400, tokenizer="smollm2-135m",
+                              engine="auto")
+    config = sweep_config(args, tmp_path / "results", warm=True)
+    config["resources"]["gpu_memory_gb"] = 79.6
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_predicted_gpu_hours_of_the_recorded_mixed_grid_are_within_20_percent_of_its_trials(tmp_path, benchmark_script):
+    import json
+
+    sweep = load_sweep(_mixed_grid(tmp_path, benchmark_script), {}, ["resources.gpus_per_worker=1",
+                                                   "resources.max_concurrent_trials=4"])
+    assert sweep_gpus(sweep) == 4  # what the launcher planned on 4 GPUs
+    # the layouts the recorded trials ran with
+    assert sweep.layout("llama-8b").describe(32) == "2 GPUs, FSDP2 (ZeRO-3 layout), micro-batch 2 x 1, 11/32 " \
+                                                    "layers checkpointed"
+    assert sweep.layout("llama-1b").workers == 1 and sweep.layout("llama-1b").micro_batch_size == 4
+    trials = json.loads(MIXED.read_text())["paths"]["warm"]["by_trial"]
+    measured = sum((t["end_s"] - t["start_s"]) * t["gpus"] for t in trials) / 3600  # wall x GPUs held
+    predicted = sum(family_gpu_hours(sweep, family, None, sweep_gpus(sweep)) for family in sweep.families)
+    training = sum(4 * gpu_hours(sweep.shape(f), sweep.layout(f), trial_tokens(sweep, f, None), 2048)
+                   for f in sweep.families)
+    assert measured == pytest.approx(0.166, abs=0.001)
+    assert training / measured < 0.4  # training alone: the 2.9x miss of the last stop
+    assert abs(predicted / measured - 1) <= 0.2, (predicted, measured)
+
+
+def test_the_dry_run_prints_the_gpu_hours_with_fixed_costs(tmp_path, capsys, benchmark_script):
+    assert main(["--config", str(_mixed_grid(tmp_path, benchmark_script)), "--results-dir", str(tmp_path / "r"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "plus load, start, compile, scoring and export, sweeps/trial_cost.py" in out
+    assert "llama-8b: 2 GPUs, FSDP2 (ZeRO-3 layout)" in out and "sweep: " in out
+
+
+def test_scoring_is_planned_for_the_tasks_at_their_limits_a_k_shot_question_k_plus_1_times():
+    every = load_sweep(PAPER)  # MMLU 5-shot, ARC-Easy and HellaSwag, every question
+    assert scored_questions(every) == 14042 * 6 + 2376 + 10042
+    assert scored_questions(load_sweep(PAPER, {}, ["eval.limit=400"])) == 400 * 6 + 400 + 400
+    assert scored_questions(load_sweep(PAPER, {}, ["eval.limit=5000"])) == 5000 * 6 + 2376 + 5000
+
+
+def test_the_registry_s_question_counts_are_the_local_data_s(data_dir):
+    from calibration.task_config import TASKS
+    from calibration.tasks import LOADERS
+
+    for task in TASKS.values():
+        assert len(LOADERS[task.dataset](task.split, data_dir=data_dir)) == task.questions, task.name

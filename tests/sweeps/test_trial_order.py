@@ -56,17 +56,30 @@ def _on(gpus: int, **resources) -> list[str]:
 
 
 def test_on_the_clusters_gpus_one_gpu_trials_fill_what_two_gpu_trials_leave():
+    # Ray Train trials (cold), their GPUs requested late: the hand-out under the cap is simulated
     # 3 GPUs: an 8B trial (3.2 times a 1B one), a 1B trial on the third GPU, the next 8B trial (waiting for the
     # first, first in line), then the 1B trials one after another on the third GPU
-    assert _on(3) == ["8b", "1b", "8b", "1b", "1b", "1b", "8b", "8b"]
+    assert _on(3, warm_trials=False) == ["8b", "1b", "8b", "1b", "1b", "1b", "8b", "8b"]
     # 4 GPUs: two 8B trials fill them, two more wait; the 1B trials come last
-    assert _on(4) == ["8b"] * 4 + ["1b"] * 4
+    assert _on(4, warm_trials=False) == ["8b"] * 4 + ["1b"] * 4
     # 5 GPUs: two 8B trials and a 1B one, two 8B trials waiting, then the 1B trials on the fifth GPU
-    assert _on(5) == ["8b", "8b", "1b", "8b", "8b", "1b", "1b", "1b"]
+    assert _on(5, warm_trials=False) == ["8b", "8b", "1b", "8b", "8b", "1b", "1b", "1b"]
     # at most 2 out at once on 3 GPUs: an 8B and a 1B trial, then the 1B trials until the 8B one ends
-    assert _on(3, max_concurrent_trials=2) == ["8b"] + ["1b"] * 4 + ["8b"] * 3
+    assert _on(3, max_concurrent_trials=2, warm_trials=False) == ["8b"] + ["1b"] * 4 + ["8b"] * 3
     # half a GPU per worker: four 8B trials fit 4 GPUs at once
-    assert _on(4, gpus_per_worker=0.5) == ["8b"] * 4 + ["1b"] * 4
+    assert _on(4, gpus_per_worker=0.5, warm_trials=False) == ["8b"] * 4 + ["1b"] * 4
+
+
+def test_a_warm_grid_is_handed_out_whole_longest_first_unless_a_cap_binds():
+    from sweeps.launch import plan_resources
+
+    for gpus in (3, 4, 5):  # Tune and Ray place each trial as GPUs free up: no cap, plain longest first
+        sweep = plan_resources(_sweep(), {"GPU": gpus, "CPU": 64})
+        assert search.hand_out_cap(sweep, gpus) == 0 and _on(gpus) == ["8b"] * 4 + ["1b"] * 4
+    # a cap below what the GPUs hold is the user's: kept, and the hand-out under it simulated
+    capped = plan_resources(_sweep(max_concurrent_trials=2), {"GPU": 3, "CPU": 64})
+    assert search.hand_out_cap(capped, 3) == 2
+    assert _on(3, max_concurrent_trials=2) == ["8b"] + ["1b"] * 4 + ["8b"] * 3
 
 
 def test_a_family_of_unknown_length_comes_last():
@@ -115,12 +128,10 @@ def _fake_trial(params: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 45: warm 2-GPU trials (sweeps.warm_group) hold Tune's own placement "
-                   "group, not Ray Train's late one that search.trial_order's premise is: a one-GPU trial waited 6.5 s "
-                   "on a free GPU (the sweep ended sooner: 47 s against 73 s); trial_order to revisit")
 def test_one_gpu_trials_fill_the_gpu_two_gpu_trials_leave(tmp_path):
-    """3 GPUs, as the launcher plans them: a 2-GPU trial runs and the next waits for it, while the one-GPU trials
-    run one after another on the third GPU, none taking the GPUs of the 2-GPU trial whose workers are starting."""
+    """3 GPUs, as the launcher plans them, warm trials (a 2-GPU one's Tune actor holds its placement group): the
+    2-GPU trials run one after another on two GPUs while the one-GPU trials run one after another on the third,
+    none taking the GPUs of a 2-GPU trial, and the sweep ends when the 2-GPU chain does."""
     import ray
     from ray import tune
 
@@ -155,3 +166,6 @@ def test_one_gpu_trials_fill_the_gpu_two_gpu_trials_leave(tmp_path):
     # ... and never two at once, which would have taken the GPUs of the first 2-GPU trial: it ran meanwhile
     assert all(later["start"] >= earlier["end"] - 0.1 for earlier, later in zip(narrow, narrow[1:]))
     assert wide[0]["start"] < narrow[-1]["end"]
+    # the 2-GPU trials ran one after another too, and the sweep ended with their chain
+    assert all(later["start"] - earlier["end"] < 3.0 for earlier, later in zip(wide, wide[1:]))
+    assert max(s["end"] for s in spans) == wide[-1]["end"]

@@ -1,7 +1,8 @@
 """A trial's workers compile with as many Inductor workers as they have CPUs (not up to 32 per rank): a Ray Train
 worker through its environment (``sweeps.driver.worker_env``), a warm trial's Tune actor, which has the job's
 environment, by setting Inductor's config (``sweeps.warm_trial.cap_threads``); the user's ``TORCHINDUCTOR_*``
-settings reach the workers and win. Checked in real Ray worker processes of a local Ray."""
+settings reach the workers and win. So do the CUDA allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``: expandable
+segments unless the user sets it). Checked in real Ray worker processes of a local Ray."""
 
 from pathlib import Path
 
@@ -25,8 +26,19 @@ def test_worker_env_forwards_inductor_settings_and_caps_compile_threads(monkeypa
     assert worker_env(sweep)["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
 
 
-def _compile_threads(cap_like_a_warm_actor: dict | None = None) -> tuple[int, int]:
-    """In a Ray worker: Inductor's compile workers and torch's threads (after ``cap_threads`` of that sweep)."""
+def test_worker_env_sets_expandable_segments_unless_the_user_chose(monkeypatch):
+    sweep = load_sweep(TINY, assignments=THREE_CPUS)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert worker_env(sweep)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    assert worker_env(sweep)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+
+
+def _compile_threads(cap_like_a_warm_actor: dict | None = None) -> tuple[int, int, str | None]:
+    """In a Ray worker: Inductor's compile workers, torch's threads and the allocator's settings (after
+    ``cap_threads`` of that sweep)."""
+    import os
+
     import torch
     import torch._inductor.config
 
@@ -35,7 +47,7 @@ def _compile_threads(cap_like_a_warm_actor: dict | None = None) -> tuple[int, in
         from sweeps.warm_trial import cap_threads
 
         cap_threads(sweep_from_dict(cap_like_a_warm_actor))
-    return torch._inductor.config.compile_threads, torch.get_num_threads()
+    return torch._inductor.config.compile_threads, torch.get_num_threads(), os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
 
 
 @pytest.fixture
@@ -43,6 +55,7 @@ def local_ray(monkeypatch):
     import ray
 
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)  # the workers inherit no choice
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
     yield ray
     ray.shutdown()
@@ -55,5 +68,6 @@ def test_ray_train_workers_and_warm_actors_compile_with_the_workers_cpus(local_r
     task = local_ray.remote(num_cpus=1)(_compile_threads)
     as_a_train_worker = task.options(runtime_env={"env_vars": worker_env(sweep)}).remote()
     as_a_warm_actor = task.remote(sweep_to_dict(sweep))
-    assert local_ray.get(as_a_train_worker)[0] == 3  # (its OpenMP threads are Ray's and torch's affair)
-    assert local_ray.get(as_a_warm_actor) == (3, 3)
+    threads, _, train_conf = local_ray.get(as_a_train_worker)  # (its OpenMP threads are Ray's and torch's affair)
+    assert (threads, train_conf) == (3, "expandable_segments:True")
+    assert local_ray.get(as_a_warm_actor) == (3, 3, "expandable_segments:True")

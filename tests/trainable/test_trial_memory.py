@@ -76,6 +76,25 @@ def test_host_rss_counts_what_the_process_holds():
 def test_no_gpu_peak_on_the_cpu():
     trial_memory.reset_gpu_peak(torch.device("cpu"))
     assert trial_memory.gpu_peak_gib(torch.device("cpu")) is None
+    assert trial_memory.PhasePeaks(torch.device("cpu")).alloc_retries() is None
+
+
+def test_the_workers_allocator_settings_are_the_users_else_expandable_segments(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert trial_memory.alloc_conf() == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256")
+    assert trial_memory.alloc_conf() == "max_split_size_mb:256"
+    trial_memory.use_alloc_conf("expandable_segments:True")  # before CUDA starts: the environment it reads
+    assert trial_memory.alloc_conf() == "expandable_segments:True"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_allocator_retries_count_from_the_trials_start():
+    device = torch.device("cuda")
+    before = trial_memory.alloc_retries(device)
+    peaks = trial_memory.PhasePeaks(device)
+    assert before >= 0 and peaks.alloc_retries() == trial_memory.alloc_retries(device) - before
 
 
 @pytest.mark.gpu
