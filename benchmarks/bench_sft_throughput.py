@@ -45,7 +45,7 @@ and cancel). MFU = tokens/s * (6 N + 12 L d T) / 989e12 per GPU, N = non-embeddi
 Peak memory is the largest over the ranks (PyTorch's allocator), beside ``trainable.layout``'s prediction for
 the row's layout, with the peak reserved and the allocator's retries (cache freed to retry a cudaMalloc: a GPU at
 the edge of its memory), under the allocator settings a sweep's workers get (``alloc_conf`` in each record:
-``trainable.trial_memory.alloc_conf``, expandable segments unless PYTORCH_CUDA_ALLOC_CONF is set). Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
+``trainable.trial_memory.alloc_conf``, PyTorch's default unless PYTORCH_CUDA_ALLOC_CONF is set). Dynamo's graphs, graph breaks and recompiles of each run are counted. ``--ds`` merges JSON
 into calsweep's DeepSpeed config (knob trials). ``calsweep_engine_compile`` is DeepSpeed's own compiler
 (``compile: {deepcompile: true}`` and ``engine.compile()``) over the eager loop. ``calsweep_fsdp2`` (rows of stage 3,
 or auto: its micro-batch, accumulation and recomputed layers) is the same compiled trial loop on the trials' FSDP2

@@ -117,7 +117,7 @@ def worker_env(sweep: SweepConfig) -> dict[str, str]:
     """Environment of the trial's workers: our, the data/model libraries' and Inductor's settings, CPU threads:
     OpenMP's and Inductor's compile workers (``TORCHINDUCTOR_COMPILE_THREADS``, unless set: else up to 32 per rank,
     however many ranks and trials share the host) as many as the worker's CPUs, and the CUDA allocator's settings
-    (``trainable.trial_memory.alloc_conf``: the user's, else expandable segments)."""
+    (``trainable.trial_memory.alloc_conf``: the user's, else PyTorch's default, said out loud)."""
     forwarded = ("CALSWEEP_", "DS_", "HF_", "TORCHINDUCTOR_", "TRITON_")
     env = {k: v for k, v in os.environ.items() if k.startswith(forwarded)}
     threads = str(max(1, round(sweep.resources.cpus_per_worker or 1)))

@@ -20,10 +20,10 @@ import torch
 from trainable.config import TrialConfig
 from trainable.layout import GIB, ModelShape, phase_peaks
 
-# the CUDA caching allocator's settings of a trial's workers unless the user sets PYTORCH_CUDA_ALLOC_CONF: segments
-# that grow in place, so a layout near the GPU's edge does not free and retry (8B on two H100s under the default:
-# 77.6 GiB reserved for 64.8 allocated, 48 retries; docs/results.md)
-ALLOC_CONF_ENV, DEFAULT_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"
+# the CUDA caching allocator's settings of a trial's workers unless the user sets PYTORCH_CUDA_ALLOC_CONF: PyTorch's
+# own, said out loud. Expandable segments halved the 8B row on two H100s (3,062 against 6,160 tokens/s per GPU,
+# 2026-11-28, docs/results.md) for fewer cudaMalloc retries (18 against 24), so they stay off
+ALLOC_CONF_ENV, DEFAULT_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False"
 OOM_PEAK = "gpu_peak_gib"  # the attribute of an out-of-memory error that carries its rank's peak (GiB)
 _ALLOCATED = re.compile(r"([\d.]+) (GiB|MiB) is allocated by PyTorch")  # the CUDA caching allocator's message
 

@@ -26,10 +26,10 @@ def test_worker_env_forwards_inductor_settings_and_caps_compile_threads(monkeypa
     assert worker_env(sweep)["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
 
 
-def test_worker_env_sets_expandable_segments_unless_the_user_chose(monkeypatch):
+def test_worker_env_sets_the_allocator_default_unless_the_user_chose(monkeypatch):
     sweep = load_sweep(TINY, assignments=THREE_CPUS)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    assert worker_env(sweep)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert worker_env(sweep)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
     assert worker_env(sweep)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
 
@@ -69,5 +69,5 @@ def test_ray_train_workers_and_warm_actors_compile_with_the_workers_cpus(local_r
     as_a_train_worker = task.options(runtime_env={"env_vars": worker_env(sweep)}).remote()
     as_a_warm_actor = task.remote(sweep_to_dict(sweep))
     threads, _, train_conf = local_ray.get(as_a_train_worker)  # (its OpenMP threads are Ray's and torch's affair)
-    assert (threads, train_conf) == (3, "expandable_segments:True")
-    assert local_ray.get(as_a_warm_actor) == (3, 3, "expandable_segments:True")
+    assert (threads, train_conf) == (3, "expandable_segments:False")
+    assert local_ray.get(as_a_warm_actor) == (3, 3, "expandable_segments:False")

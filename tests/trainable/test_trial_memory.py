@@ -79,9 +79,9 @@ def test_no_gpu_peak_on_the_cpu():
     assert trial_memory.PhasePeaks(torch.device("cpu")).alloc_retries() is None
 
 
-def test_the_workers_allocator_settings_are_the_users_else_expandable_segments(monkeypatch):
+def test_the_workers_allocator_settings_are_the_users_else_pytorchs_default(monkeypatch):
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    assert trial_memory.alloc_conf() == "expandable_segments:True"
+    assert trial_memory.alloc_conf() == "expandable_segments:False"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256")
     assert trial_memory.alloc_conf() == "max_split_size_mb:256"
     trial_memory.use_alloc_conf("expandable_segments:True")  # before CUDA starts: the environment it reads
