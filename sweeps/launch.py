@@ -158,13 +158,18 @@ def save_sweep(sweep: SweepConfig) -> str:
 
 def read_saved_sweep(results_dir: str, name: str, into: str) -> str:
     """Copy the run's ``saved_sweep`` to the local folder ``into`` (it may live in an object store); its local path.
-    A run saved nowhere there is a ``ConfigError``."""
+    A run saved nowhere there, or a store that cannot be read (not retried: nothing has started), is a
+    ``ConfigError``."""
     path = saved_sweep(results_dir, name)
-    fs, source = store.filesystem(path)
-    if retried(f"read runs/{name}/sweep.yaml", lambda: fs.get_file_info(source)).type != pafs.FileType.File:
-        raise ConfigError(f"--resume {name!r}: expected a run saved at {path}, found none")
     local = os.path.join(into, "sweep.yaml")
-    retried(f"read runs/{name}/sweep.yaml", lambda: pafs.copy_files(source, local, source_filesystem=fs))
+    try:
+        fs, source = store.filesystem(path)
+        if fs.get_file_info(source).type != pafs.FileType.File:
+            raise ConfigError(f"--resume {name!r}: expected a run saved at {path}, found none")
+        pafs.copy_files(source, local, source_filesystem=fs)
+    except OSError as exc:
+        raise ConfigError(f"--resume {name!r}: could not read {path} ({' '.join(str(exc).split())[:200]}); "
+                          f"expected a readable store") from None
     return local
 
 

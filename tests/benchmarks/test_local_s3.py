@@ -10,7 +10,7 @@ from sweeps import store
 def test_store_round_trip_through_the_local_server_and_an_outage(s3_store):
     root = f"s3://{s3_store.bucket}/unit"
     store.write_trial(root, {"run_name": "r", "trial_id": "t1", "status": "ok"})
-    assert "unit/trials/r__t1.parquet" in s3_store.keys("unit/")
+    assert s3_store.keys("unit/") == ["unit/trials/r__t1.parquet"]  # no directory markers, no temporaries
     s3_store.stop()
     with pytest.raises(OSError):
         pafs.FileSystem.from_uri(root)[0].get_file_info(f"{s3_store.bucket}/unit/trials/r__t1.parquet")
