@@ -5,15 +5,22 @@ Scoring afterwards runs the eager forwards again (its shapes vary batch to batch
 All layers share one code object, so Dynamo counts every layer whose guards differ (a KV cache's per-layer
 state, Gemma's sliding and global layers) as a recompile of it; past its ``recompile_limit`` (8) the remaining
 layers would silently run eager. The limit is raised to the number of layers for the block, and the training
-forward passes ``use_cache=False`` so that one graph serves every layer of a kind."""
+forward passes ``use_cache=False`` so that one graph serves every layer of a kind.
+
+SDPA's kernel is chosen when a graph is traced, under the ``sdpa_kernel`` flags of that moment, and Dynamo does not
+guard those flags: a graph traced inside one ``sdpa_kernel`` block would serve a later block under another kernel
+set (a warm actor's next trial, a benchmark's next path) with the kernel it traced. So the kernel set enabled when
+the block is entered is entered again inside each compiled forward, where it is one of the graph's guards."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import functools
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends, sdpa_kernel
 
 
 def compile_wanted(setting: bool | None, device: torch.device) -> bool:
@@ -23,13 +30,15 @@ def compile_wanted(setting: bool | None, device: torch.device) -> bool:
 
 @contextlib.contextmanager
 def compiled_decoder_layers(model: nn.Module, enabled: bool = True, backend: Any = "inductor") -> Iterator[int]:
-    """Within the block every ``*DecoderLayer`` of a Hugging Face model runs ``torch.compile(layer.forward)``;
-    yields how many layers were compiled (0 when not ``enabled``); the eager forwards are back afterwards.
-    ``backend`` is torch.compile's (tests count Dynamo's graphs with a backend of their own)."""
+    """Within the block every ``*DecoderLayer`` of a Hugging Face model runs ``torch.compile(layer.forward)``, under
+    the SDPA kernels enabled on entering the block; yields how many layers were compiled (0 when not ``enabled``);
+    the eager forwards are back afterwards. ``backend`` is torch.compile's (tests count Dynamo's graphs with a
+    backend of their own)."""
     layers = decoder_layers(model) if enabled else []
     before = [layer.__dict__.get("forward") for layer in layers]  # a wrapper set before (activation recompute)
+    attention = tuple(_cur_sdpa_kernel_backends())
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, backend=backend)
+        layer.forward = torch.compile(_attending_with(layer.forward, attention), backend=backend)
     limit = max(torch._dynamo.config.recompile_limit, len(layers))
     try:
         with torch._dynamo.config.patch(recompile_limit=limit):
@@ -39,6 +48,16 @@ def compiled_decoder_layers(model: nn.Module, enabled: bool = True, backend: Any
             del layer.forward
             if forward is not None:
                 layer.forward = forward
+
+
+def _attending_with(forward: Callable, attention: tuple[SDPBackend, ...]) -> Callable:
+    """``forward`` run inside ``sdpa_kernel(attention)``: traced by Dynamo, the kernel set is a guard of the graph."""
+
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        with sdpa_kernel(list(attention)):
+            return forward(*args, **kwargs)
+    return run
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -1,9 +1,12 @@
 """Compiled decoder layers give the eager loss and gradients, and the eager forwards come back afterwards."""
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch.nn.attention import SDPBackend
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from trainable.attention_check import kernels as kernels_of
 from trainable.compiled import compile_wanted, compiled_decoder_layers
 from trainable.lm_head import CausalLMWithFusedLoss
 
@@ -45,3 +48,41 @@ def test_compile_defaults_to_cuda_only():
     assert compile_wanted(True, torch.device("cpu")) and not compile_wanted(False, torch.device("cuda"))
     with compiled_decoder_layers(torch.nn.Linear(2, 2), enabled=False) as n:
         assert n == 0
+
+
+def _attention_ops_backend(seen: list[set[str]]):
+    """A torch.compile backend (AOTAutograd, run eagerly) that appends the attention ops of each traced graph."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def record(gm, example_inputs):
+        seen.append({str(node.target) for node in gm.graph.nodes
+                     if "attention" in str(node.target) or "softmax" in str(node.target)})
+        return make_boxed_func(gm)
+
+    return aot_autograd(fw_compiler=record, bw_compiler=record)
+
+
+@pytest.mark.parametrize("first, then", [((SDPBackend.MATH,), None), (None, (SDPBackend.MATH,))])
+def test_each_block_traces_under_the_kernels_enabled_on_entering_it(first, then):
+    """Dynamo does not guard SDPA's kernel flags: a graph traced inside one ``sdpa_kernel`` block served a later
+    block under other kernels (a warm actor's next trial) with the kernel it traced. CPU: SDPA's own choice is its
+    flash kernel, math the decomposed softmax."""
+    torch._dynamo.reset()
+    seen: list[set[str]] = []
+    backend = _attention_ops_backend(seen)  # one backend for both blocks, as one process's trials share inductor
+    ops = {}
+    for name, kernels in (("first", first), ("then", then)):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **{**SMALL, "num_hidden_layers": 2}))
+        wrapped = CausalLMWithFusedLoss(model, label_smoothing=0.1)
+        ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
+        positions = torch.cat([torch.arange(6), torch.arange(10)]).expand(2, 16)  # two packed examples a row
+        traced = len(seen)
+        with kernels_of(kernels), compiled_decoder_layers(model, backend=backend):
+            wrapped(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids, position_ids=positions).backward()
+        ops[name] = set().union(*seen[traced:])  # nothing when a graph traced before served the block
+    for name, kernels in (("first", first), ("then", then)):
+        flash = {"aten._scaled_dot_product_flash_attention_for_cpu.default",
+                 "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"}
+        assert ops[name] and (flash <= ops[name]) == (kernels is None), (name, ops[name])
