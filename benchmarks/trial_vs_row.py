@@ -17,9 +17,14 @@ Runs, one after the other on the same device and data:
   ``CheckpointSchedule.due`` did before issue 45's fix (``.item()`` of a device flag: the host waits for the step).
 - levers: the trial with one of its differences from the row set to the row's choice (``LEVERS``).
 Each then runs ``--profile-steps`` more steps under ``torch.profiler``: GPU kernel time per step by category
-(``CATEGORIES``, first match of the kernel's name), the GPU's busy time (union of kernel spans), the profiled
-window's wall time, and the host's waits for the GPU (CUDA synchronize calls) per step. Tokens are real
-(non-padding) tokens. Prints a table and writes JSON.
+(``CATEGORIES``, first match of the kernel's name), the attention kernels by name (which SDPA backend ran), the
+GPU's busy time (union of kernel spans), the profiled window's wall time, and the host's waits for the GPU (CUDA
+synchronize calls) per step. Tokens are real (non-padding) tokens. Prints a table and writes JSON.
+
+The paths share one process, so Dynamo's graphs of the decoder layer: a path compiles anew where a guard differs
+(the trial's capped threads are one: Dynamo guards ``torch.get_num_threads()``), else takes an earlier path's
+graph. SDPA's kernel is fixed in a graph when it is traced; ``trainable.compiled`` makes the attention check's
+kernel set one of its guards, so a path never runs the kernel another path's set traced.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class Measured(NamedTuple):
     ms_per_step: float
     tokens_per_step: float
     profile: dict[str, float]
+    attention_kernels: dict[str, float]  # the profiled attention kernels' names -> ms per step (which SDPA backend ran)
     dynamo: dict[str, int]  # Dynamo's graphs, graph breaks and recompiles in this process so far (cumulative)
     attention: str  # the attention kernel set trained with (trainable.attention_check; the row: SDPA's own choice)
     attention_report: dict[str, str]  # what each candidate measured against the math kernel (the trial's check)
@@ -87,9 +93,11 @@ def category(kernel: str) -> str:
     return next((label for label, pattern in CATEGORIES if re.search(pattern, name)), OTHER)
 
 
-def profiled(run_steps: Callable[[], None], steps: int, device: torch.device) -> dict[str, float]:
-    """Per step of ``run_steps()`` (which runs ``steps`` steps and returns once the device is done): kernel ms by
-    category, GPU busy ms (union of kernel spans), wall ms, host ms waiting in CUDA synchronize calls and their count."""
+def profiled(run_steps: Callable[[], None], steps: int, device: torch.device
+             ) -> tuple[dict[str, float], dict[str, float]]:
+    """Per step of ``run_steps()`` (which runs ``steps`` steps and returns once the device is done): (kernel ms by
+    category, GPU busy ms (union of kernel spans), wall ms, host ms waiting in CUDA synchronize calls and their
+    count; the attention category's kernels by name, ms each)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -98,16 +106,21 @@ def profiled(run_steps: Callable[[], None], steps: int, device: torch.device) ->
         run_steps()
     wall = time.perf_counter() - started
     per_category = {label: 0.0 for label, _ in CATEGORIES} | {OTHER: 0.0}
+    attention: dict[str, float] = {}
     spans, waits, sync_count = [], 0.0, 0
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            per_category[category(event.name)] += event.time_range.elapsed_us() / 1e3
+            label, ms = category(event.name), event.time_range.elapsed_us() / 1e3
+            per_category[label] += ms
+            if label == "attention":
+                attention[event.name] = attention.get(event.name, 0.0) + ms / steps
             spans.append((event.time_range.start, event.time_range.end))
         elif event.name in SYNCS:
             waits += event.time_range.elapsed_us() / 1e3
             sync_count += 1
-    return {**{f"{k} ms": v / steps for k, v in per_category.items()}, "GPU busy ms": _union_us(spans) / 1e3 / steps,
-            "wall ms": 1e3 * wall / steps, "host wait ms": waits / steps, "syncs": sync_count / steps}
+    return ({**{f"{k} ms": v / steps for k, v in per_category.items()}, "GPU busy ms": _union_us(spans) / 1e3 / steps,
+             "wall ms": 1e3 * wall / steps, "host wait ms": waits / steps, "syncs": sync_count / steps},
+            dict(sorted(attention.items(), key=lambda item: -item[1])))
 
 
 def _union_us(spans: list[tuple[float, float]]) -> float:
@@ -177,10 +190,10 @@ def run_row(args: argparse.Namespace, device: torch.device, micro_batch: int) ->
         started, tokens[0] = time.perf_counter(), 0
         steps(args.steps)
         seconds, counted = time.perf_counter() - started, tokens[0]
-        profile = profiled(lambda: steps(args.profile_steps), args.profile_steps, device)
+        profile, attention_kernels = profiled(lambda: steps(args.profile_steps), args.profile_steps, device)
     engine.destroy()
     return Measured("row", counted / seconds, 1e3 * seconds / args.steps, counted / args.steps, profile,
-                    bench._dynamo_counts(), "unchecked", {})
+                    attention_kernels, bench._dynamo_counts(), "unchecked", {})
 
 
 # ---------------------------------------------------------------- (b) the trial, (c) its levers
@@ -261,8 +274,8 @@ def run_trial_path(args: argparse.Namespace, device: torch.device, trial, sweep,
             steady_steps = setup.total_steps - trained.clock.warmup_steps
             rate, tokens = trained.clock.steady_rate(), trained.clock.tokens - trained.clock.warm_tokens
             more = dataclasses.replace(setup, total_steps=args.profile_steps, start=0)
-            profile = profiled(lambda: worker.train(trial, more, device, 0, 1, reports.append, hand_off),
-                               args.profile_steps, device)
+            profile, attention_kernels = profiled(
+                lambda: worker.train(trial, more, device, 0, 1, reports.append, hand_off), args.profile_steps, device)
         setup.engine.destroy()
         attention = setup.attention
     finally:
@@ -270,7 +283,8 @@ def run_trial_path(args: argparse.Namespace, device: torch.device, trial, sweep,
     del setup, more
     _release(device)
     return Measured(f"{name}:{lever}" if lever else name, rate, 1e3 * tokens / rate / steady_steps,
-                    tokens / steady_steps, profile, bench._dynamo_counts(), attention.name, attention.report)
+                    tokens / steady_steps, profile, attention_kernels, bench._dynamo_counts(), attention.name,
+                    attention.report)
 
 
 def _versions() -> dict[str, str]:
@@ -300,13 +314,17 @@ def table(results: list[Measured]) -> str:
         lines.append(f"{r.name:<32} {r.tokens_per_s:>9,.0f} {ratio:>6} {r.ms_per_step:>8.1f} {r.tokens_per_step:>8,.0f} "
                      + " ".join(f"{r.profile[k]:>9.2f}" for k in keys) + f" {r.dynamo['recompiles']:>10}  {r.attention}")
     lines += [f"attention check of {r.name}: {r.attention_report}" for r in results if r.attention_report][:1]
+    lines += [f"attention kernels of {r.name} (ms/step): " + ", ".join(f"{name[:60]} {ms:.1f}" for name, ms in
+                                                                        list(r.attention_kernels.items())[:3])
+              for r in results if r.attention_kernels]
     lines.append("profiled columns: per step; kernel ms by category, GPU busy ms (union of kernel spans), wall ms, "
                  "host ms in CUDA synchronize calls, synchronize calls; "
                  "Dynamo's recompiles so far in the process")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's settings, checked (exits with one line naming a bad value); ``levers`` as a list."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="1b", choices=sorted(bench.SHAPES))
     parser.add_argument("--steps", type=int, default=20, help="timed optimiser steps per path")
@@ -330,6 +348,13 @@ def main(argv: list[str] | None = None) -> None:
     if min(args.steps, args.warmup, args.profile_steps) < 1:
         parser.error(f"expected --steps, --warmup and --profile-steps >= 1, got {args.steps}, {args.warmup}, "
                      f"{args.profile_steps}")
+    args.levers = levers
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    levers = args.levers
     from sweeps import warm_trial
 
     device = warm_trial.accelerator()
