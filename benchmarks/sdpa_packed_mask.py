@@ -1,10 +1,18 @@
 """Do SDPA's kernels agree with PyTorch's float32 math kernel on one attention call with a packed-rows mask?
 
 A (B, 1, T, T) boolean block-diagonal causal mask (examples of 300, 700, 48 and 1,000 tokens in a row of 2,048, the
-shape ``trainable.sequence_packing.packed_causal_mask`` builds), bf16 q, k, v of (B, 32, 2048, 64), B 1 and 4, the
-mask broadcast over the batch or contiguous. For each kernel set: the largest output error and the cosine of the
-q, k, v gradients against the float32 math kernel's. One call, no model: what ``trainable.attention_check`` decides
-for a whole model, taken apart.
+shape ``trainable.sequence_packing.packed_causal_mask`` builds), bf16 q of (B, 2048, 32, 64) and k, v of
+(B, 2048, 8, 64) as the 1B shape's projections give them, B 1 and 4, the mask broadcast over the batch or contiguous.
+Each call is made in two layouts:
+- ``contiguous``: q, k, v (B, 32, 2048, 64) contiguous, the output's gradient contiguous (the first version's call);
+- ``model``: as transformers' Llama makes it: q a transposed view, k and v transposed and repeated to 32 heads
+  (``repeat_kv``), the output's gradient the transposed view of a contiguous (B, 2048, 32, 64) tensor (the
+  backward of ``attn_output.transpose(1, 2).contiguous()``);
+and each either plain or ``recomputed``: inside ``torch.utils.checkpoint`` (non-reentrant), so its forward runs
+again in the backward, as the attention check's forwards do (``recomputed_layers(..., always=True)``).
+For each kernel set: the largest output error and the cosine of the q, k, v gradients against the float32 math
+kernel's in the same layout. One call, no model: what ``trainable.attention_check`` decides for a whole model,
+taken apart.
 
     python benchmarks/sdpa_packed_mask.py --out sdpa_packed_mask.json     # on a GPU
 """
@@ -13,15 +21,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from transformers.integrations.sdpa_attention import repeat_kv  # noqa: E402
 
 KERNEL_SETS = {"cudnn": [SDPBackend.CUDNN_ATTENTION], "efficient": [SDPBackend.EFFICIENT_ATTENTION],
                "default": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                            SDPBackend.MATH]}
-EXAMPLES, HEADS, HEAD_DIM, WIDTH = (300, 700, 48, 1000), 32, 64, 2048
+EXAMPLES, HEADS, KV_HEADS, HEAD_DIM, WIDTH = (300, 700, 48, 1000), 32, 8, 64, 2048
+LAYOUTS = ("contiguous", "model")
 
 
 def packed_mask(batch: int, contiguous: bool, device: torch.device) -> torch.Tensor:
@@ -32,13 +48,31 @@ def packed_mask(batch: int, contiguous: bool, device: torch.device) -> torch.Ten
     return mask.contiguous() if contiguous else mask
 
 
-def attention(q, k, v, grad_out, mask, kernels, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, the q, k, v gradients flattened) of one SDPA call under ``kernels`` in ``dtype``."""
-    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(kernels):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    out.backward(grad_out.to(dtype))
-    return out.detach().float(), torch.cat([t.grad.float().flatten() for t in (q, k, v)])
+def attention(q, k, v, grad_out, mask, kernels, dtype, layout: str = "contiguous", recomputed: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output (B, T, H, D), the q, k, v gradients flattened) of one SDPA call under ``kernels`` in ``dtype``: q and
+    ``grad_out`` (B, T, H, D), k and v (B, T, H_kv, D), called in ``layout`` (``LAYOUTS``), in a checkpointed
+    function with ``recomputed``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"expected a layout in {LAYOUTS}, got {layout!r}")
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+
+    def call(q, k, v):
+        groups = q.shape[2] // k.shape[2]
+        q, k, v = q.transpose(1, 2), repeat_kv(k.transpose(1, 2), groups), repeat_kv(v.transpose(1, 2), groups)
+        if layout == "contiguous":
+            q = q.contiguous()
+        with sdpa_kernel(kernels):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out if layout == "contiguous" else out.transpose(1, 2).contiguous()
+
+    out = checkpoint(call, *leaves, use_reentrant=False) if recomputed else call(*leaves)
+    if layout == "contiguous":  # out is (B, H, T, D): its gradient contiguous in that order
+        out.backward(grad_out.to(dtype).transpose(1, 2).contiguous())
+        out = out.transpose(1, 2)
+    else:
+        out.backward(grad_out.to(dtype))
+    return out.detach().float(), torch.cat([t.grad.float().flatten() for t in leaves])
 
 
 def main() -> None:
@@ -50,20 +84,25 @@ def main() -> None:
     device, results = torch.device("cuda"), {}
     torch.manual_seed(0)
     for batch in (1, 4):
-        q, k, v, grad_out = (torch.randn(batch, HEADS, WIDTH, HEAD_DIM, device=device, dtype=torch.bfloat16)
-                             for _ in range(4))
+        q, grad_out = (torch.randn(batch, WIDTH, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
+                       for _ in range(2))
+        k, v = (torch.randn(batch, WIDTH, KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16) for _ in range(2))
         for contiguous in (False, True):
             mask = packed_mask(batch, contiguous, device)
-            ref_out, ref_grad = attention(q, k, v, grad_out, mask, [SDPBackend.MATH], torch.float32)
-            for name, kernels in KERNEL_SETS.items():
-                key = f"B{batch}_{name}_{'contiguous' if contiguous else 'broadcast'}"
-                try:
-                    out, grad = attention(q, k, v, grad_out, mask, kernels, torch.bfloat16)
-                    results[key] = {"out_max_error": float((out - ref_out).abs().max()),
-                                    "grad_cosine": float(F.cosine_similarity(grad, ref_grad, dim=0))}
-                except RuntimeError as error:  # a kernel set that cannot run this call
-                    results[key] = {"error": str(error).splitlines()[0][:200]}
-                print(f"{key:<28} {results[key]}")
+            for layout in LAYOUTS:
+                for recomputed in (False, True):
+                    ref_out, ref_grad = attention(q, k, v, grad_out, mask, [SDPBackend.MATH], torch.float32, layout,
+                                                  recomputed)
+                    for name, kernels in KERNEL_SETS.items():
+                        key = (f"B{batch}_{name}_{'contiguous' if contiguous else 'broadcast'}_mask_{layout}"
+                               f"{'_recomputed' if recomputed else ''}")
+                        try:
+                            out, grad = attention(q, k, v, grad_out, mask, kernels, torch.bfloat16, layout, recomputed)
+                            results[key] = {"out_max_error": float((out - ref_out).abs().max()),
+                                            "grad_cosine": float(F.cosine_similarity(grad, ref_grad, dim=0))}
+                        except RuntimeError as error:  # a kernel set that cannot run this call
+                            results[key] = {"error": str(error).splitlines()[0][:200]}
+                        print(f"{key:<52} {results[key]}", flush=True)
     record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "results": results}
     with open(args.out, "w") as f:
