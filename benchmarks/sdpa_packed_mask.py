@@ -9,7 +9,10 @@ Each call is made in two layouts:
   (``repeat_kv``), the output's gradient the transposed view of a contiguous (B, 2048, 32, 64) tensor (the
   backward of ``attn_output.transpose(1, 2).contiguous()``);
 and each either plain or ``recomputed``: inside ``torch.utils.checkpoint`` (non-reentrant), so its forward runs
-again in the backward, as the attention check's forwards do (``recomputed_layers(..., always=True)``).
+again in the backward, as the attention check's forwards do (``recomputed_layers(..., always=True)``); and either
+fresh or ``after_sum``: after the same call under the same kernels with the backward of ``out.float().sum()`` (a
+gradient of stride 0, which cuDNN copies into the output's layout), as ``AttentionCalls.first_error`` ran it
+before each candidate's model forward until issue 45.
 For each kernel set: the largest output error and the cosine of the q, k, v gradients against the float32 math
 kernel's in the same layout. One call, no model: what ``trainable.attention_check`` decides for a whole model,
 taken apart.
@@ -48,13 +51,15 @@ def packed_mask(batch: int, contiguous: bool, device: torch.device) -> torch.Ten
     return mask.contiguous() if contiguous else mask
 
 
-def attention(q, k, v, grad_out, mask, kernels, dtype, layout: str = "contiguous", recomputed: bool = False
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def attention(q, k, v, grad_out, mask, kernels, dtype, layout: str = "contiguous", recomputed: bool = False,
+              after_sum: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(output (B, T, H, D), the q, k, v gradients flattened) of one SDPA call under ``kernels`` in ``dtype``: q and
     ``grad_out`` (B, T, H, D), k and v (B, T, H_kv, D), called in ``layout`` (``LAYOUTS``), in a checkpointed
-    function with ``recomputed``."""
+    function with ``recomputed``; with ``after_sum`` the same call runs first with the gradient of its sum."""
     if layout not in LAYOUTS:
         raise ValueError(f"expected a layout in {LAYOUTS}, got {layout!r}")
+    if after_sum:
+        attention(q, k, v, None, mask, kernels, dtype, layout)
     leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
 
     def call(q, k, v):
@@ -67,7 +72,9 @@ def attention(q, k, v, grad_out, mask, kernels, dtype, layout: str = "contiguous
         return out if layout == "contiguous" else out.transpose(1, 2).contiguous()
 
     out = checkpoint(call, *leaves, use_reentrant=False) if recomputed else call(*leaves)
-    if layout == "contiguous":  # out is (B, H, T, D): its gradient contiguous in that order
+    if grad_out is None:
+        out.float().sum().backward()
+    elif layout == "contiguous":  # out is (B, H, T, D): its gradient contiguous in that order
         out.backward(grad_out.to(dtype).transpose(1, 2).contiguous())
         out = out.transpose(1, 2)
     else:
@@ -90,19 +97,20 @@ def main() -> None:
         for contiguous in (False, True):
             mask = packed_mask(batch, contiguous, device)
             for layout in LAYOUTS:
-                for recomputed in (False, True):
+                for recomputed, after_sum in ((False, False), (True, False), (False, True), (True, True)):
                     ref_out, ref_grad = attention(q, k, v, grad_out, mask, [SDPBackend.MATH], torch.float32, layout,
                                                   recomputed)
                     for name, kernels in KERNEL_SETS.items():
                         key = (f"B{batch}_{name}_{'contiguous' if contiguous else 'broadcast'}_mask_{layout}"
-                               f"{'_recomputed' if recomputed else ''}")
+                               f"{'_recomputed' if recomputed else ''}{'_after_sum' if after_sum else ''}")
                         try:
-                            out, grad = attention(q, k, v, grad_out, mask, kernels, torch.bfloat16, layout, recomputed)
+                            out, grad = attention(q, k, v, grad_out, mask, kernels, torch.bfloat16, layout, recomputed,
+                                                  after_sum)
                             results[key] = {"out_max_error": float((out - ref_out).abs().max()),
                                             "grad_cosine": float(F.cosine_similarity(grad, ref_grad, dim=0))}
                         except RuntimeError as error:  # a kernel set that cannot run this call
                             results[key] = {"error": str(error).splitlines()[0][:200]}
-                        print(f"{key:<52} {results[key]}", flush=True)
+                        print(f"{key:<62} {results[key]}", flush=True)
     record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "results": results}
     with open(args.out, "w") as f:

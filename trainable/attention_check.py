@@ -104,13 +104,15 @@ class AttentionCalls(TorchFunctionMode):
         return func(*args, **kwargs)
 
     def first_error(self, backends: Sequence[SDPBackend] | None) -> str | None:
-        """The first line of the error a recorded call raises under ``backends`` (forward and backward), or None."""
+        """The first line of the error a recorded call raises under ``backends`` (forward and backward), or None.
+        The backward's output gradient is dense in the output's layout, as the model's is (a sum's gradient has
+        stride 0, which cuDNN's backward copies into another layout first: not the path the model takes)."""
         try:
             with torch.enable_grad(), kernels(backends):
                 for args, kwargs in self.calls.values():
                     q, k, v = (t.clone().requires_grad_(t.is_floating_point()) for t in args[:3])
                     out = F.scaled_dot_product_attention(q, k, v, *args[3:], **kwargs)
-                    torch.autograd.grad(out.float().sum(), (q, k, v))
+                    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
         except RuntimeError as error:  # e.g. no kernel of the set supports this shape or device
             return str(error).splitlines()[0]
         return None

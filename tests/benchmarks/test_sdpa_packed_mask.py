@@ -1,6 +1,7 @@
 """benchmarks/sdpa_packed_mask.py: its mask is the packed rows' (checked against trainable.sequence_packing), its
 ``model`` layout gives SDPA the strides a Llama's attention gives it, and the one attention call it compares runs
-on the CPU under the math kernel in every layout, plain or recomputed (the GPU kernels are the device's)."""
+on the CPU under the math kernel in every layout, plain or recomputed, fresh or after a call with the gradient of
+its sum (the GPU kernels are the device's)."""
 
 import pytest
 import torch
@@ -27,12 +28,12 @@ def test_the_mask_is_the_one_packed_rows_get():
 
 
 @pytest.mark.parametrize("layout", probe.LAYOUTS)
-@pytest.mark.parametrize("recomputed", [False, True])
-def test_one_call_is_attention_and_its_gradients_in_float64(layout, recomputed):
+@pytest.mark.parametrize("recomputed, after_sum", [(False, False), (True, False), (True, True)])
+def test_one_call_is_attention_and_its_gradients_in_float64(layout, recomputed, after_sum):
     q, grad = (torch.randn(2, 16, 4, 8, dtype=torch.float64) for _ in range(2))  # (B, T, H, D)
     k, v = (torch.randn(2, 16, 2, 8, dtype=torch.float64) for _ in range(2))  # two key/value heads
     mask = probe.packed_mask(2, True, torch.device("cpu"))[..., 290:306, 290:306]  # an example boundary inside
-    out, grads = probe.attention(q, k, v, grad, mask, [SDPBackend.MATH], torch.float64, layout, recomputed)
+    out, grads = probe.attention(q, k, v, grad, mask, [SDPBackend.MATH], torch.float64, layout, recomputed, after_sum)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     qh, kh, vh = (t.transpose(1, 2).repeat_interleave(4 // t.shape[2], dim=1) for t in leaves)
     scores = (qh @ kh.transpose(-1, -2) / 8 ** 0.5).masked_fill(~mask, float("-inf"))
