@@ -22,7 +22,7 @@ GPU's busy time (union of kernel spans), the profiled window's wall time, and th
 synchronize calls) per step. Tokens are real (non-padding) tokens. Prints a table and writes JSON.
 
 The paths share one process, so Dynamo's graphs of the decoder layer: a path compiles anew where a guard differs
-(the trial's capped threads are one: Dynamo guards ``torch.get_num_threads()``), else takes an earlier path's
+(the trial's capped thread count is one: Dynamo guards ``torch.get_num_threads()``), else takes an earlier path's
 graph. SDPA's kernel is fixed in a graph when it is traced; ``trainable.compiled`` makes the attention check's
 kernel set one of its guards, so a path never runs the kernel another path's set traced.
 """

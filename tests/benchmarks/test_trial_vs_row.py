@@ -40,6 +40,17 @@ def test_busy_time_counts_overlapping_kernels_once(script):
     assert script._union_us([]) == 0
 
 
+def test_the_table_names_each_path_s_attention_kernels(script):
+    profile = {"attention ms": 1.0, "wall ms": 2.0}
+    row = script.Measured("row", 100.0, 10.0, 1000.0, profile, {"cudnn_generated_fort_native_sdpa_sm90_fprop": 0.4},
+                          {"graphs": 1, "graph_breaks": 0, "recompiles": 0}, "unchecked", {})
+    trial = row._replace(name="trial", tokens_per_s=50.0, attention_kernels={"fmha_cutlassF_bf16_aligned": 0.9})
+    lines = script.table([row, trial]).splitlines()
+    assert "0.500" in lines[2]  # the trial against its row
+    assert "attention kernels of row (ms/step): cudnn_generated_fort_native_sdpa_sm90_fprop 0.4" in lines
+    assert "attention kernels of trial (ms/step): fmha_cutlassF_bf16_aligned 0.9" in lines
+
+
 def test_row_trial_and_a_lever_on_the_cpu(script, data_dir, tmp_path, capsys):
     out = tmp_path / "tvr.json"
     script.main(["--shape", "tiny", "--seq-len", "128", "--max-examples", "48", "--steps", "2", "--warmup", "1",
