@@ -10,9 +10,11 @@ Each call is made in two layouts:
   backward of ``attn_output.transpose(1, 2).contiguous()``);
 and each either plain or ``recomputed``: inside ``torch.utils.checkpoint`` (non-reentrant), so its forward runs
 again in the backward, as the attention check's forwards do (``recomputed_layers(..., always=True)``); and either
-fresh or ``after_sum``: after the same call under the same kernels with the backward of ``out.float().sum()`` (a
-gradient of stride 0, which cuDNN copies into the output's layout), as ``AttentionCalls.first_error`` ran it
-before each candidate's model forward until issue 45.
+fresh or ``after_sum``: after the same SDPA call under the same kernels with the backward of
+``out.float().sum()``, as ``AttentionCalls.first_error`` ran it before each candidate's model forward until
+issue 45. That gradient reaches SDPA contiguous in (B, H, T, D) order, not in the output's layout, and PyTorch's
+cuDNN backward caches its graph by q, k, v and the mask only: a later call in the model's layout may run a graph
+built for the other gradient layout.
 For each kernel set: the largest output error and the cosine of the q, k, v gradients against the float32 math
 kernel's in the same layout. One call, no model: what ``trainable.attention_check`` decides for a whole model,
 taken apart.
@@ -55,7 +57,8 @@ def attention(q, k, v, grad_out, mask, kernels, dtype, layout: str = "contiguous
               after_sum: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(output (B, T, H, D), the q, k, v gradients flattened) of one SDPA call under ``kernels`` in ``dtype``: q and
     ``grad_out`` (B, T, H, D), k and v (B, T, H_kv, D), called in ``layout`` (``LAYOUTS``), in a checkpointed
-    function with ``recomputed``; with ``after_sum`` the same call runs first with the gradient of its sum."""
+    function with ``recomputed``; with ``after_sum`` the same call runs first with the gradient of its sum.
+    ``grad_out`` None: that lone run (the backward of SDPA's own output summed; the output returned as SDPA's)."""
     if layout not in LAYOUTS:
         raise ValueError(f"expected a layout in {LAYOUTS}, got {layout!r}")
     if after_sum:
@@ -69,12 +72,13 @@ def attention(q, k, v, grad_out, mask, kernels, dtype, layout: str = "contiguous
             q = q.contiguous()
         with sdpa_kernel(kernels):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return out if layout == "contiguous" else out.transpose(1, 2).contiguous()
+        return out if layout == "contiguous" or grad_out is None else out.transpose(1, 2).contiguous()
 
     out = checkpoint(call, *leaves, use_reentrant=False) if recomputed else call(*leaves)
-    if grad_out is None:
+    if grad_out is None:  # the lone run's backward: SDPA's own output summed
         out.float().sum().backward()
-    elif layout == "contiguous":  # out is (B, H, T, D): its gradient contiguous in that order
+        return out.detach().float(), torch.cat([t.grad.float().flatten() for t in leaves])
+    if layout == "contiguous":  # out is (B, H, T, D): its gradient contiguous in that order
         out.backward(grad_out.to(dtype).transpose(1, 2).contiguous())
         out = out.transpose(1, 2)
     else:

@@ -105,8 +105,9 @@ class AttentionCalls(TorchFunctionMode):
 
     def first_error(self, backends: Sequence[SDPBackend] | None) -> str | None:
         """The first line of the error a recorded call raises under ``backends`` (forward and backward), or None.
-        The backward's output gradient is dense in the output's layout, as the model's is (a sum's gradient has
-        stride 0, which cuDNN's backward copies into another layout first: not the path the model takes)."""
+        The backward's output gradient is laid out as the output, as the model's is: PyTorch caches cuDNN's backward
+        graph by q, k, v and the mask, not by that gradient's strides, so a lone backward in another layout (a
+        sum's gradient, contiguous once cast) would leave a graph that misreads the model's gradient next."""
         try:
             with torch.enable_grad(), kernels(backends):
                 for args, kwargs in self.calls.values():

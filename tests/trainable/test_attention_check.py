@@ -138,26 +138,32 @@ def test_attention_calls_are_recorded_once_per_kind():
 
 
 def test_the_recorded_calls_run_backward_with_a_gradient_in_the_output_s_layout():
-    """As the model's backward does (the output's transposed view made contiguous), not a sum's stride-0 gradient."""
+    """As the model's backward does (the output's transposed view made contiguous), not a sum's gradient (stride 0,
+    or contiguous once cast): cuDNN keys its cached backward graphs by q, k, v and the mask, not by the output
+    gradient's strides, so a lone backward in another layout left a graph that read the model's gradient wrongly."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class BackwardGradients(TorchDispatchMode):
+    class AttentionStrides(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.strides = []  # of each attention backward's output gradient
+            self.outputs, self.gradients = [], []  # strides of each attention forward's output, backward's gradient
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if "attention" in str(func) and "backward" in str(func):
-                self.strides.append(args[0].stride())
-            return func(*args, **(kwargs or {}))
+            result = func(*args, **(kwargs or {}))
+            if "attention" in str(func):
+                if "backward" in str(func):
+                    self.gradients.append(args[0].stride())
+                else:
+                    self.outputs.append(result[0].stride())
+            return result
 
     q = torch.randn(1, 8, 2, 4).transpose(1, 2)  # (B, H, T, D) as a Llama's projection gives it: a transposed view
     k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
     with AttentionCalls() as calls:
         F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool).tril())
-    with BackwardGradients() as seen:
+    with AttentionStrides() as seen:
         assert calls.first_error(None) is None
-    assert seen.strides and all(0 not in stride for stride in seen.strides)
+    assert seen.gradients and seen.gradients == seen.outputs
 
 
 # one rank of a two-rank gloo group under FSDP2: choose_attention with this rank's candidates; writes its choice
