@@ -5,6 +5,7 @@ micro-batches): gloo on the CPU, float32, 3 optimiser steps.
 
 import os
 import socket
+from functools import partial
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,7 @@ def _rank_losses(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from trainable.fsdp2_engine import build_engine
+    from trainable.fsdp2_engine import build_engine, init_sharded
     from trainable.step_accounting import PendingLoss, optimizer_step
 
     cpu, accumulation = torch.device("cpu"), SEQUENCES // world
@@ -65,7 +66,7 @@ def _rank_losses(rank: int, world: int, port: int, out: str) -> None:
     if world == 1:  # the same model built on the meta device, each rank's shards allocated and initialised
         with torch.device("meta"):
             meta = _model()
-        engine, _ = build_engine(meta, train, 1e-2, STEPS, cpu, world, init_std=0.02)
+        engine, _ = build_engine(meta, train, 1e-2, STEPS, cpu, world, partial(init_sharded, device=cpu, std=0.02))
         model = engine.module.model.model
         built = _model().model.model
         results["meta"] = {"rotary": torch.equal(model.rotary_emb.inv_freq, built.rotary_emb.inv_freq),

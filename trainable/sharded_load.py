@@ -1,0 +1,60 @@
+"""An FSDP2 trial's model, built on the meta device so that no rank's device ever holds it whole: once
+``fsdp2_engine.build_engine`` has sharded it, each rank allocates and fills only its shards (its ``materialise``).
+
+Random init, for the architectures in ``SHARDED_INIT_ARCHITECTURES`` (those whose Hugging Face init is the one
+``fsdp2_engine.init_sharded`` draws: N(0, initializer_range^2) matrices and embeddings, norm weights 1): each rank
+draws its shards. On GPUs DTensor's RNG tracker draws each shard as its slice of one draw of the whole tensor; on the
+CPU each rank draws from its own generator, seeded alike, so a matrix's shards repeat across ranks. Either way the
+values are not those of the whole model drawn from the same seed (``common.models.load_model``): same distribution,
+another draw. Another architecture's random init (Gemma's norms start at 0, its embeddings carry a scale) is built
+whole on the device as before.
+
+Stored weights (hub, local folder, GGUF): rank 0 loads the model on its CPU (host memory, 4 bytes a parameter),
+sends its config to the other ranks, and every rank builds that config on the meta device; once sharded, rank 0's
+weights are broadcast one tensor at a time (``fsdp2_engine.load_sharded``): a rank's device holds its shards and
+one whole tensor at most.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from common.models import ModelSpec, load_model
+from trainable.fsdp2_engine import init_sharded, load_sharded
+
+SHARDED_INIT_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2"})  # default Hugging Face init: init_sharded's
+
+Materialise = Callable[[nn.Module], None]  # fills a sharded module built on the meta device (build_engine's)
+
+
+def sharded_model(spec: ModelSpec, *, seed: int, device: torch.device, rank: int,
+                  **config_overrides: Any) -> tuple[nn.Module, Materialise | None]:
+    """(the model of an FSDP2 trial, how to fill it once sharded): built on the meta device with its
+    ``materialise`` (module docstring), or, for a random-init architecture ``init_sharded`` does not draw, built whole
+    on ``device`` from ``seed`` with None. Collective for stored weights (rank 0 sends the config)."""
+    if spec.source == "random_init":
+        if spec.location not in SHARDED_INIT_ARCHITECTURES:
+            return load_model(spec, seed=seed, device=device, **config_overrides), None
+        model = load_model(spec, seed=seed, device="meta", **config_overrides)
+        return model, functools.partial(_drawn, device=device, std=model.config.initializer_range, seed=seed)
+    from transformers import AutoModelForCausalLM
+
+    source = load_model(spec, **config_overrides) if rank == 0 else None  # on rank 0's CPU
+    config = [None if source is None else source.config]
+    dist.broadcast_object_list(config, src=0)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config[0], dtype=torch.float32,
+                                                 attn_implementation=config[0]._attn_implementation)
+    return model, functools.partial(load_sharded, device=device, source=source)
+
+
+def _drawn(module: nn.Module, device: torch.device, std: float, seed: int) -> None:
+    """``init_sharded`` from ``seed`` (as ``load_model`` draws a whole model), the process's RNG states kept."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        init_sharded(module, device, std)
