@@ -182,23 +182,36 @@ def node_name() -> str:
 
 def replica_rows(nodes: Sequence[str], replicas: int) -> list[list[int]]:
     """HSDP's ``replicas`` replica groups as rows of len(nodes) / replicas ranks (``nodes[r]``: rank r's node), each
-    row the ranks of whole nodes: nodes placed largest first, each into the first row with room for all its ranks;
-    rows and their ranks in rank order (consecutive ranks per node give init_device_mesh's rows). Raises ValueError
-    naming the ranks per node when a node's ranks would have to be split across rows."""
+    row the ranks of whole nodes or, where a node has more ranks than a row, its ranks split into whole rows: nodes
+    placed largest first, each part into the first row with room for it; rows and their ranks in rank order
+    (consecutive ranks per node give init_device_mesh's rows). Raises ValueError naming the ranks per node when a
+    row would have to take part of a node."""
     size = len(nodes) // replicas
     by_node: dict[str, list[int]] = {}
     for rank, node in enumerate(nodes):
         by_node.setdefault(node, []).append(rank)
     rows: list[list[int]] = [[] for _ in range(replicas)]
     for ranks in sorted(by_node.values(), key=lambda ranks: (-len(ranks), ranks[0])):
-        row = next((row for row in rows if len(row) + len(ranks) <= size), None)
-        if row is None:
+        if not _placed(rows, ranks, size):
             counts = {node: len(ranks) for node, ranks in by_node.items()}
             raise ValueError(f"expected the trial's ranks to fill {replicas} HSDP replica groups of {size} ranks "
                              f"with whole nodes, got ranks per node {counts}; set train.fsdp_replicas: 1 (a full "
                              f"shard) or place the ranks by whole nodes")
-        row.extend(ranks)
     return sorted(sorted(row) for row in rows)
+
+
+
+def _placed(rows: list[list[int]], ranks: list[int], size: int) -> bool:
+    """Put one node's ``ranks`` into ``rows`` of ``size`` ranks: whole into the first row with room, or, more than a
+    row, as whole rows (a multiple of ``size`` ranks); False where neither can be."""
+    if len(ranks) > size and len(ranks) % size:
+        return False
+    for part in (ranks[i:i + size] for i in range(0, len(ranks), size)):
+        row = next((row for row in rows if len(row) + len(part) <= size), None)
+        if row is None:
+            return False
+        row.extend(part)
+    return True
 
 
 def init_sharded(module: nn.Module, device: torch.device, std: float) -> None:

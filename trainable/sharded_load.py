@@ -4,9 +4,8 @@
 Random init, for the architectures in ``SHARDED_INIT_ARCHITECTURES`` (those whose Hugging Face init is the one
 ``fsdp2_engine.init_sharded`` draws: N(0, initializer_range^2) matrices and embeddings, norm weights 1): each rank
 draws its shards. On GPUs DTensor's RNG tracker draws each shard as its slice of one draw of the whole tensor; on the
-CPU each rank draws from its own generator, seeded alike, so a matrix's shards repeat across ranks. Either way the
-values are not those of the whole model drawn from the same seed (``common.models.load_model``): same distribution,
-another draw. Another architecture's random init (Gemma's norms start at 0, its embeddings carry a scale) is built
+CPU (no tracker) each shard from a generator of its own. Either way the values are not those of the whole model
+drawn from the same seed (``common.models.load_model``): same distribution, another draw. Another architecture's random init (Gemma's norms start at 0, its embeddings carry a scale) is built
 whole on the device as before.
 
 Stored weights (hub, local folder, GGUF): rank 0 loads the model on its CPU (host memory, 4 bytes a parameter),
@@ -54,7 +53,11 @@ def sharded_model(spec: ModelSpec, *, seed: int, device: torch.device, rank: int
 
 
 def _drawn(module: nn.Module, device: torch.device, std: float, seed: int) -> None:
-    """``init_sharded`` from ``seed`` (as ``load_model`` draws a whole model), the process's RNG states kept."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
+    """``init_sharded`` from ``seed`` (as ``load_model`` draws a whole model), the process's RNG states kept. On GPUs
+    DTensor's RNG tracker offsets each shard's draw; elsewhere the seed is offset by the rank's place along the
+    shard dimension of the mesh, so that shards differ and HSDP's replicas match."""
+    cuda = device.type == "cuda"
+    mesh = next(module.parameters()).device_mesh
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        torch.manual_seed(seed if cuda else seed + mesh.get_local_rank(mesh.ndim - 1))
         init_sharded(module, device, std)
