@@ -200,7 +200,6 @@ def replica_rows(nodes: Sequence[str], replicas: int) -> list[list[int]]:
     return sorted(sorted(row) for row in rows)
 
 
-
 def _placed(rows: list[list[int]], ranks: list[int], size: int) -> bool:
     """Put one node's ``ranks`` into ``rows`` of ``size`` ranks: whole into the first row with room, or, more than a
     row, as whole rows (a multiple of ``size`` ranks); False where neither can be."""

@@ -5,8 +5,8 @@ Random init, for the architectures in ``SHARDED_INIT_ARCHITECTURES`` (those whos
 ``fsdp2_engine.init_sharded`` draws: N(0, initializer_range^2) matrices and embeddings, norm weights 1): each rank
 draws its shards. On GPUs DTensor's RNG tracker draws each shard as its slice of one draw of the whole tensor; on the
 CPU (no tracker) each shard from a generator of its own. Either way the values are not those of the whole model
-drawn from the same seed (``common.models.load_model``): same distribution, another draw. Another architecture's random init (Gemma's norms start at 0, its embeddings carry a scale) is built
-whole on the device as before.
+drawn from the same seed (``common.models.load_model``): same distribution, another draw. Another architecture's
+random init (Gemma's norms start at 0, its embeddings carry a scale) is built whole on the device as before.
 
 Stored weights (hub, local folder, GGUF): rank 0 loads the model on its CPU (host memory, 4 bytes a parameter),
 sends its config to the other ranks, and every rank builds that config on the meta device; once sharded, rank 0's
