@@ -54,7 +54,8 @@ def test_no_prediction_off_cuda_or_outside_bf16():
     args = (LLAMA_1B, shape.params, TRIAL, "deepspeed", 0, 1, 2048, 0)
     assert trial_memory.predicted_phase_peaks_gib(*args, "bf16", torch.device("cpu")) is None
     assert trial_memory.predicted_phase_peaks_gib(*args, "fp32", CUDA) is None
-    assert set(trial_memory.predicted_phase_peaks_gib(*args, "bf16", CUDA)) == {"load", "attention_check", "train", "score"}
+    assert set(trial_memory.predicted_phase_peaks_gib(*args, "bf16", CUDA)) == \
+        {"load", "attention_check", "train", "score"}
 
 
 def test_phase_peaks_keep_each_phases_largest_and_name_the_trials():
