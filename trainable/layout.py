@@ -248,15 +248,18 @@ def scoring_activation_bytes(shape: ModelShape, tokens: int) -> float:
 
 def load_bytes(shape: ModelShape, workers: int, engine: str, replicas: int = 1) -> float:
     """What loading the model holds per GPU before training. DeepSpeed: the whole float32 model (4P) on every GPU
-    before its engine partitions or casts it. FSDP2 (``trainable.sharded_load``): built on the meta device, a rank
-    allocates its float32 shards (4P/N over a replica group's N ranks), a copy of one shard in flight (FSDP2 copies
-    each new shard into its own storage) and, for stored weights broadcast from rank 0, one whole float32 tensor
-    at a time: the largest, the embedding (a random init draws in place; counted all the same)."""
+    before its engine partitions or casts it. FSDP2 on one GPU: the same, and a copy of one tensor in flight as
+    FSDP2 takes it (the largest, the embedding). FSDP2 across GPUs (``trainable.sharded_load``): built on the meta
+    device, a rank allocates its float32 shards (4P/N over a replica group's N ranks), a copy of one shard in flight
+    (FSDP2 copies each new shard into its own storage) and, for stored weights broadcast from rank 0, one whole
+    float32 tensor at a time: the embedding (a random init draws in place; counted all the same)."""
+    largest = 4 * shape.vocab * shape.hidden
     if engine != "fsdp2":
         return 4 * shape.params
+    if workers == 1:
+        return 4 * shape.params + largest
     shards = workers // replicas
-    largest = 4 * shape.vocab * shape.hidden
-    return 4 * shape.params / shards + largest / shards + largest + (NCCL_BUFFER_BYTES if workers > 1 else 0.0)
+    return 4 * shape.params / shards + largest / shards + largest + NCCL_BUFFER_BYTES
 
 
 def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,

@@ -1,5 +1,7 @@
-"""An FSDP2 trial's model, built on the meta device so that no rank's device ever holds it whole: once
-``fsdp2_engine.build_engine`` has sharded it, each rank allocates and fills only its shards (its ``materialise``).
+"""An FSDP2 trial's model over several ranks, built on the meta device so that no rank's device ever holds it whole:
+once ``fsdp2_engine.build_engine`` has sharded it, each rank allocates and fills only its shards (its
+``materialise``). One rank shards nothing: its model is built whole as before (``common.models.load_model``), the
+same weights as DeepSpeed's from the same seed.
 
 Random init, for the architectures in ``SHARDED_INIT_ARCHITECTURES`` (those whose Hugging Face init is the one
 ``fsdp2_engine.init_sharded`` draws: N(0, initializer_range^2) matrices and embeddings, norm weights 1): each rank
@@ -31,14 +33,15 @@ SHARDED_INIT_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2"})  # default
 Materialise = Callable[[nn.Module], None]  # fills a sharded module built on the meta device (build_engine's)
 
 
-def sharded_model(spec: ModelSpec, *, seed: int, device: torch.device, rank: int,
+def sharded_model(spec: ModelSpec, *, seed: int, device: torch.device, rank: int, world_size: int,
                   **config_overrides: Any) -> tuple[nn.Module, Materialise | None]:
-    """(the model of an FSDP2 trial, how to fill it once sharded): built on the meta device with its
-    ``materialise`` (module docstring), or, for a random-init architecture ``init_sharded`` does not draw, built whole
-    on ``device`` from ``seed`` with None. Collective for stored weights (rank 0 sends the config)."""
+    """(the model of an FSDP2 trial, how to fill it once sharded): over several ranks built on the meta device with
+    its ``materialise`` (module docstring); on one rank, or for a random-init architecture ``init_sharded`` does not
+    draw, built whole (random init on ``device`` from ``seed``) with None. Collective for stored weights over several
+    ranks (rank 0 sends the config)."""
+    if world_size == 1 or spec.source == "random_init" and spec.location not in SHARDED_INIT_ARCHITECTURES:
+        return load_model(spec, seed=seed, device=device, **config_overrides), None
     if spec.source == "random_init":
-        if spec.location not in SHARDED_INIT_ARCHITECTURES:
-            return load_model(spec, seed=seed, device=device, **config_overrides), None
         model = load_model(spec, seed=seed, device="meta", **config_overrides)
         return model, functools.partial(_drawn, device=device, std=model.config.initializer_range, seed=seed)
     from transformers import AutoModelForCausalLM

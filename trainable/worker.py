@@ -227,8 +227,9 @@ def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int
     tokenizer = load_tokenizer(spec, trial.custom_specs())
     fsdp2 = engine_for(trial.train, world_size, device.type) == "fsdp2"
     overrides = _dropout_overrides(trial.train.dropout)
-    if fsdp2:  # built on the meta device where it can be: each rank then allocates only its shards
-        model, materialise = sharded_model(spec, seed=trial.seed, device=device, rank=rank, **overrides)
+    if fsdp2:  # over several ranks built on the meta device: each rank then allocates only its shards
+        model, materialise = sharded_model(spec, seed=trial.seed, device=device, rank=rank, world_size=world_size,
+                                           **overrides)
     else:
         model, materialise = load_model(spec, seed=trial.seed, device=device, **overrides), None
     facts = model_facts(model)

@@ -3,8 +3,9 @@ rank allocates the whole model, and the trial's first loss is the one of today's
 each rank, then sharded). A random-init Llama draws each rank's shards (another draw than the whole model's: the
 first losses agree to a hundredth); stored weights (a local folder) are rank 0's, broadcast tensor by tensor (the
 same weights: the same losses). Allocations are counted by PyTorch's profiler (``profile_memory``: every CPU
-allocation and free), the peak of live bytes while the loader runs. On one rank, stored Llama (tied) and Gemma 3
-models built on meta compute the stored model's loss exactly (every weight and buffer broadcast).
+allocation and free), the peak of live bytes while the loader runs. On one rank (``load_sharded`` alone: a one-rank
+trial builds whole), stored Llama (tied) and Gemma 3 models built on meta compute the stored model's loss exactly
+(every weight and buffer broadcast).
 """
 
 import os
@@ -147,25 +148,27 @@ def test_an_fsdp2_trial_builds_on_meta_and_no_rank_holds_the_whole_model(tmp_pat
     ("gemma3_text", {}),  # tied too; buffers outside the state dict: the embedding's scale, two rotary tables
 ])
 def test_stored_weights_built_on_meta_are_the_stored_model(architecture, extra, tmp_path, one_rank_process_group):
-    """``sharded_model`` of a stored folder, sharded and filled (``load_sharded``), computes the stored model's loss
-    exactly: every weight and buffer is rank 0's."""
+    """A model of a stored folder's config built on the meta device, sharded and filled from the stored model
+    (``load_sharded``) computes the stored model's loss exactly: every weight and buffer is rank 0's."""
+    from functools import partial
+
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from common.models import ModelSpec
     from trainable.config import TrainConfig
-    from trainable.fsdp2_engine import build_engine
+    from trainable.fsdp2_engine import build_engine, load_sharded
     from trainable.lm_head import CausalLMWithFusedLoss
-    from trainable.sharded_load import sharded_model
 
     config = AutoConfig.for_model(architecture, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=300, **extra)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    source = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
     cpu = torch.device("cpu")
-    model, materialise = sharded_model(ModelSpec("stored", "local", str(tmp_path)), seed=0, device=cpu, rank=0)
-    assert all(p.is_meta for p in model.parameters())
     train = TrainConfig(engine="fsdp2", zero_stage=3, precision="fp32", compile=False)
-    engine, _ = build_engine(CausalLMWithFusedLoss(model, 0.1), train, 1e-3, 1, cpu, 1, materialise)
+    engine, _ = build_engine(CausalLMWithFusedLoss(model, 0.1), train, 1e-3, 1, cpu, 1,
+                             partial(load_sharded, device=cpu, source=source))
     stored = CausalLMWithFusedLoss(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32), 0.1)
     ids = torch.randint(1, 300, (2, 16), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
