@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -263,7 +264,9 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
                                     compile=impl in compiled_impls, deepspeed=ds), layout, shape)
     build_engine = fsdp2_engine.build_engine if fsdp2 else deepspeed_setup.build_engine
     engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world,
-                             **({"init_std": model.config.initializer_range} if meta else {}))
+                             **({"materialise": functools.partial(fsdp2_engine.init_sharded, device=device,
+                                                                  std=model.config.initializer_range)}
+                                if meta else {}))
     if impl == "calsweep_engine_compile":  # DeepSpeed's own torch.compile of the whole module (ZeRO-3 aware hooks)
         engine.compile()
     batches, _ = _rows_of_data(args, row, rank, world, layout.micro_batch_size)

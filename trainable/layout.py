@@ -44,8 +44,9 @@ every gather and reduce-scatter crossing nodes. Its states are those of N / R ra
 the same recorded MFU (no multi-node MFU is recorded), so among equal costs the most replicas win: HSDP where its
 memory allows, else a full shard over every rank.
 
-A layout fits when every phase of a trial does (``phase_peaks``): the attention check before step 1 (one row, every
-layer recomputed), the training steps, and (planned per trial, ``trainable.trial_memory``) the export and scoring.
+A layout fits when every phase of a trial does (``phase_peaks``): the load (``load_bytes``), the attention check
+before step 1 (one row, every layer recomputed), the training steps, and (planned per trial,
+``trainable.trial_memory``) the export and scoring.
 """
 
 from __future__ import annotations
@@ -245,21 +246,38 @@ def scoring_activation_bytes(shape: ModelShape, tokens: int) -> float:
     return (cache + working) * tokens
 
 
+def load_bytes(shape: ModelShape, workers: int, engine: str, replicas: int = 1) -> float:
+    """What loading the model holds per GPU before training. DeepSpeed: the whole float32 model (4P) on every GPU
+    before its engine partitions or casts it. FSDP2 on one GPU: the same, and a copy of one tensor in flight as
+    FSDP2 takes it (the largest, the embedding). FSDP2 across GPUs (``trainable.sharded_load``): built on the meta
+    device, a rank allocates its float32 shards (4P/N over a replica group's N ranks), a copy of one shard in flight
+    (FSDP2 copies each new shard into its own storage) and, for stored weights broadcast from rank 0, one whole
+    float32 tensor at a time: the embedding (a random init draws in place; counted all the same)."""
+    largest = 4 * shape.vocab * shape.hidden
+    if engine != "fsdp2":
+        return 4 * shape.params
+    if workers == 1:
+        return 4 * shape.params + largest
+    shards = workers // replicas
+    return 4 * shape.params / shards + largest / shards + largest + NCCL_BUFFER_BYTES
+
+
 def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
                 checkpointed: int | bool = 0, zero: dict[str, Any] | None = None, engine: str = "deepspeed",
                 accumulation: int = 1, scoring_tokens: int = 0, export: bool = False, replicas: int = 1
                 ) -> dict[str, float]:
     """Predicted allocator peak per GPU of each phase of a trial, in the order they run (``max`` of them is the
-    trial's): the attention check (the states and ``check_activation_bytes``), the training steps (``peak_bytes``),
-    the export (``train.save_model``: FSDP2 and ZeRO-3 gather a bf16 copy, 2P, on rank 0; FSDP2 once its optimizer
-    states are freed, 4P/N left) and scoring over ``scoring_tokens`` padded tokens a forward (FSDP2 on rank 0's
-    gathered copy; DeepSpeed in place: ``zero3_scoring`` gathers a ZeRO-3 copy only where it fits; ``replicas``
-    an FSDP2 layout's HSDP replica groups)."""
+    trial's): the load (``load_bytes``), the attention check (the states and ``check_activation_bytes``), the
+    training steps (``peak_bytes``), the export (``train.save_model``: FSDP2 and ZeRO-3 gather a bf16 copy, 2P, on
+    rank 0; FSDP2 once its optimizer states are freed, 4P/N left) and scoring over ``scoring_tokens`` padded tokens
+    a forward (FSDP2 on rank 0's gathered copy; DeepSpeed in place: ``zero3_scoring`` gathers a ZeRO-3 copy only
+    where it fits; ``replicas`` an FSDP2 layout's HSDP replica groups)."""
     fsdp2 = engine == "fsdp2"
     states = fsdp2_state_bytes(shape, workers, replicas) if fsdp2 else state_bytes(shape, stage, workers, zero)
     kept = 4 * shape.params / (workers // replicas) + (NCCL_BUFFER_BYTES if workers > 1 else 0.0) if fsdp2 \
         else states
-    peaks = {"attention_check": states + check_activation_bytes(shape, seq_len),
+    peaks = {"load": load_bytes(shape, workers, engine, replicas),
+             "attention_check": states + check_activation_bytes(shape, seq_len),
              "train": peak_bytes(shape, stage, workers, micro_batch, seq_len, checkpointed, zero, engine, accumulation,
                                  replicas)}
     if export:

@@ -40,6 +40,7 @@ from trainable.result import TrialResult
 from common.models import ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_cache_counts, prepare_node, ray_node_id
 from trainable.recompute import checkpointed_count, recomputed_layers
+from trainable.sharded_load import sharded_model
 from trainable.sequence_packing import (iterate_packed_batches, packed_row_count, pad_multiple,
                                         trial_pack_width)
 from trainable.sft_data import build_sft_examples, collate, iterate_batches, steps_per_epoch
@@ -224,7 +225,13 @@ def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int
     seed_everything(trial.seed)
     spec = resolve_model(trial.family, trial.custom_specs())
     tokenizer = load_tokenizer(spec, trial.custom_specs())
-    model = load_model(spec, seed=trial.seed, device=device, **_dropout_overrides(trial.train.dropout))
+    fsdp2 = engine_for(trial.train, world_size, device.type) == "fsdp2"
+    overrides = _dropout_overrides(trial.train.dropout)
+    if fsdp2:  # over several ranks built on the meta device: each rank then allocates only its shards
+        model, materialise = sharded_model(spec, seed=trial.seed, device=device, rank=rank, world_size=world_size,
+                                           **overrides)
+    else:
+        model, materialise = load_model(spec, seed=trial.seed, device=device, **overrides), None
     facts = model_facts(model)
     examples, held_out = _sft_examples(trial, tokenizer)
     pad_to = pad_multiple(trial.train, device.type)
@@ -237,10 +244,13 @@ def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int
 
     from trainable import deepspeed_setup
 
-    fsdp2 = engine_for(trial.train, world_size, device.type) == "fsdp2"
-    build_engine = fsdp2_engine.build_engine if fsdp2 else deepspeed_setup.build_engine
     oom_if_due(rank, trial.results_dir, trial.run_name, trial.trial_id)
-    engine, precision = build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device, world_size)
+    if fsdp2:
+        engine, precision = fsdp2_engine.build_engine(wrapped, trial.train, trial.learning_rate, total_steps, device,
+                                                      world_size, materialise)
+    else:
+        engine, precision = deepspeed_setup.build_engine(wrapped, trial.train, trial.learning_rate, total_steps,
+                                                         device, world_size)
     skip = start * trial.train.gradient_accumulation_steps
     if pack_width:
         batches = iterate_packed_batches(examples, trial.train.micro_batch_size, pack_width, tokenizer.pad_token_id,

@@ -1,10 +1,12 @@
 """FSDP2 over 8 ranks, as HSDP (2 replica groups x 4 shards: ``trainable.fsdp2_engine.device_mesh``) and as a full
 8-way shard, trains a tiny Llama to the same losses as one rank taking the same 8 sequences a step (8
-micro-batches): gloo on the CPU, float32, 3 optimiser steps.
+micro-batches): gloo on the CPU, float32, 3 optimiser steps. The ranks are told fake node names: HSDP's replica
+groups are whole nodes' ranks whether a node's ranks are consecutive or interleaved (as Ray may place them).
 """
 
 import os
 import socket
+from functools import partial
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,10 @@ from trainable.sft_data import collate
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=300, head_dim=8)
 SEQUENCES, STEPS = 8, 3  # sequences of an optimiser step, however many ranks share them
-MESHES = {8: (2, 1), 1: (1,)}  # world -> the HSDP replica groups it runs (1: a full shard)
+# world -> its runs: name -> (HSDP replica groups (1: a full shard), rank -> its fake node's name)
+MESHES = {8: {"hsdp": (2, lambda rank: f"node{rank // 4}"), "interleaved": (2, lambda rank: f"node{rank % 2}"),
+              "shard": (1, lambda rank: "node0")},
+          1: {"shard": (1, lambda rank: "node0")}}
 
 
 def _model() -> CausalLMWithFusedLoss:
@@ -46,26 +51,26 @@ def _rank_losses(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from trainable.fsdp2_engine import build_engine
+    from trainable.fsdp2_engine import build_engine, init_sharded
     from trainable.step_accounting import PendingLoss, optimizer_step
 
     cpu, accumulation = torch.device("cpu"), SEQUENCES // world
     results = {}
-    for replicas in MESHES[world]:
+    for run, (replicas, node) in MESHES[world].items():
         train = TrainConfig(micro_batch_size=1, gradient_accumulation_steps=accumulation, precision="fp32",
                             engine="fsdp2", zero_stage=3, warmup_ratio=0.0, compile=False, fsdp_replicas=replicas)
-        engine, _ = build_engine(_model(), train, 1e-2, STEPS, cpu, world)
+        engine, _ = build_engine(_model(), train, 1e-2, STEPS, cpu, world, node=node(rank))
         losses = []
         for step in range(STEPS):
             mine = _step_batches(step)[rank * accumulation:(rank + 1) * accumulation]
             losses.append(PendingLoss(optimizer_step(engine, mine, cpu, world), accumulation, world).value())
         weight = engine.module.model.model.layers[0].mlp.up_proj.weight
-        results[replicas] = {"losses": losses, "mesh": tuple(weight.device_mesh.shape),
-                             "placements": [type(p).__name__ for p in weight.placements]}
+        results[run] = {"losses": losses, "mesh": weight.device_mesh.mesh.tolist(),
+                        "placements": [type(p).__name__ for p in weight.placements]}
     if world == 1:  # the same model built on the meta device, each rank's shards allocated and initialised
         with torch.device("meta"):
             meta = _model()
-        engine, _ = build_engine(meta, train, 1e-2, STEPS, cpu, world, init_std=0.02)
+        engine, _ = build_engine(meta, train, 1e-2, STEPS, cpu, world, partial(init_sharded, device=cpu, std=0.02))
         model = engine.module.model.model
         built = _model().model.model
         results["meta"] = {"rotary": torch.equal(model.rotary_emb.inv_freq, built.rotary_emb.inv_freq),
@@ -99,14 +104,40 @@ def test_hsdp_and_a_full_shard_over_8_ranks_give_one_rank_s_losses(tmp_path):
     failed = [log[-3000:] for process, log in zip(ranks, logs) if process.returncode != 0]
     assert not failed, failed[0]
     eight, ones = torch.load(tmp_path / "world8.pt"), torch.load(tmp_path / "world1.pt")
-    one, meta = ones[1], ones["meta"]
-    assert eight[2]["mesh"] == (2, 4) and eight[2]["placements"] == ["Replicate", "Shard"]  # HSDP's 2-D mesh
-    assert eight[1]["mesh"] == (8,) and eight[1]["placements"] == ["Shard"]
+    one, meta = ones["shard"], ones["meta"]
+    # HSDP's 2-D mesh, a row (shard group) per node: consecutive ranks, or every other rank
+    assert eight["hsdp"]["mesh"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert eight["interleaved"]["mesh"] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert eight["hsdp"]["placements"] == eight["interleaved"]["placements"] == ["Replicate", "Shard"]
+    assert eight["shard"]["mesh"] == list(range(8)) and eight["shard"]["placements"] == ["Shard"]
     assert len(set(one["losses"])) == STEPS  # the steps train: each loss differs from the last
-    for replicas in (2, 1):
+    for run in ("hsdp", "interleaved", "shard"):
         # float32; the ranks reduce in another order than one rank's accumulation: a few ulps, grown by 2 updates
-        assert eight[replicas]["losses"] == pytest.approx(one["losses"], rel=1e-5)
+        assert eight[run]["losses"] == pytest.approx(one["losses"], rel=1e-5), run
     # built on the meta device: the rotary buffers as built on the CPU, norms 1, matrices N(0, 0.02^2), and a first
     # loss near log(vocabulary) = 5.70, as the CPU-built model's
     assert meta["rotary"] and meta["norm"] == 1.0 and meta["std"] == pytest.approx(0.02, rel=0.05)
     assert meta["loss"] == pytest.approx(one["losses"][0], abs=0.05)
+
+
+@pytest.mark.parametrize("nodes, replicas, rows", [
+    ("aaaabbbb", 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),  # consecutive: init_device_mesh's rows
+    ("abababab", 2, [[0, 2, 4, 6], [1, 3, 5, 7]]),  # interleaved
+    ("aaabccdd", 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),  # uneven nodes that pack: 3 + 1, 2 + 2
+    ("ccaaaabb", 2, [[0, 1, 6, 7], [2, 3, 4, 5]]),
+    ("aaaaaaaa", 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),  # one node of two rows (HSDP within a node)
+    ("aaaaaabb", 4, [[0, 1], [2, 3], [4, 5], [6, 7]]),
+])
+def test_replica_rows_are_whole_nodes(nodes, replicas, rows):
+    from trainable.fsdp2_engine import replica_rows
+
+    assert replica_rows(list(nodes), replicas) == rows
+
+
+@pytest.mark.parametrize("nodes, replicas", [("aaaaaabbbbbbcccc", 2), ("aaabbbbb", 2), ("aaaaaabb", 2)])
+def test_replica_rows_refuse_a_placement_that_splits_a_node(nodes, replicas):
+    from trainable.fsdp2_engine import replica_rows
+
+    counts = {node: nodes.count(node) for node in dict.fromkeys(nodes)}
+    with pytest.raises(ValueError, match=f"got ranks per node {counts}".replace("{", r"\{").replace("}", r"\}")):
+        replica_rows(list(nodes), replicas)

@@ -31,16 +31,18 @@ TRIAL = TrialConfig.from_dict(dict(run_name="a", trial_id="t", family="llama", l
 ])
 def test_a_trials_predicted_peak_is_its_planned_layouts(config, gpu_gib, sequences, micro, engine, held):
     """What the row predicts for the layout a trial ran with is what the planner predicted when it chose it: the
-    attention check and the training steps (planned), the export and scoring below them in these layouts."""
+    load, the attention check and the training steps (planned), the export and scoring below them in these layouts."""
     shape = ModelShape.from_config(config)
     layout = plan_layout(shape, 2048, sequences, micro, gpu_gib * GIB, preferred_engine=engine, **held)
     trial = dataclasses.replace(TRIAL, train=with_layout(dataclasses.replace(TRIAL.train, save_model=True), layout,
                                                          shape))
     predicted = trial_memory.predicted_phase_peaks_gib(config, shape.params, trial, layout.engine, layout.zero_stage,
                                                        layout.workers, 2048, layout.checkpointed, "bf16", CUDA)
-    assert list(predicted) == ["attention_check", "train", "export", "score"]
-    assert max(predicted["attention_check"], predicted["train"]) == pytest.approx(layout.peak_gib, rel=1e-12)
-    assert predicted["attention_check"] < predicted["train"]  # the check is not the trial's largest allocation
+    assert list(predicted) == ["load", "attention_check", "train", "export", "score"]
+    assert max(predicted["load"], predicted["attention_check"], predicted["train"]) == \
+        pytest.approx(layout.peak_gib, rel=1e-12)
+    # neither the load nor the check is the trial's largest allocation
+    assert max(predicted["load"], predicted["attention_check"]) < predicted["train"]
     # DeepSpeed's ZeRO-3 (8B, 2 GPUs, 21 layers recomputed) keeps its states while the export gathers a bf16 copy
     # and while scoring: those phases peak above its training steps; FSDP2 frees its optimizer states first
     below = layout.engine == "fsdp2" or layout.zero_stage < 3
@@ -52,7 +54,8 @@ def test_no_prediction_off_cuda_or_outside_bf16():
     args = (LLAMA_1B, shape.params, TRIAL, "deepspeed", 0, 1, 2048, 0)
     assert trial_memory.predicted_phase_peaks_gib(*args, "bf16", torch.device("cpu")) is None
     assert trial_memory.predicted_phase_peaks_gib(*args, "fp32", CUDA) is None
-    assert set(trial_memory.predicted_phase_peaks_gib(*args, "bf16", CUDA)) == {"attention_check", "train", "score"}
+    assert set(trial_memory.predicted_phase_peaks_gib(*args, "bf16", CUDA)) == \
+        {"load", "attention_check", "train", "score"}
 
 
 def test_phase_peaks_keep_each_phases_largest_and_name_the_trials():
