@@ -100,8 +100,9 @@ def _checkpointed(results: str) -> int:
 @pytest.mark.parametrize("results", ["local", "s3"], indirect=True)
 def test_a_worker_node_killed_mid_trial_costs_no_row(cluster, results):
     cluster, workers = cluster
-    launcher = _launch(cluster.address, results, "train.max_steps=16", "train.checkpoint_every_steps=8",
-                       "train.log_every=1", "eval.tasks=[arc_easy]", "resources.max_failures=2")
+    overrides = ("train.max_steps=16", "train.checkpoint_every_steps=8", "train.log_every=1", "eval.tasks=[arc_easy]",
+                 "resources.max_failures=2")
+    launcher = _launch(cluster.address, results, *overrides)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)
     reader.start()
@@ -111,7 +112,9 @@ def test_a_worker_node_killed_mid_trial_costs_no_row(cluster, results):
     assert _checkpointed(results) == 2, "".join(lines)[-4000:]
     lost, survivor = workers
     cluster.remove_node(lost, allow_graceful=False)  # its raylet and every process on it: SIGKILL
-    second = _launch(cluster.address, results)  # while the first recovers: refused (flock, or the bucket's lease)
+    # while the first recovers, the same launch again (its config the first's, so that the lock alone refuses it,
+    # whether or not the survivor's trial is stored by then): refused (flock, or the bucket's lease)
+    second = _launch(cluster.address, results, *overrides)
     refusal, _ = second.communicate(timeout=300)
     assert second.returncode == 2 and launcher.poll() is None, refusal[-4000:]
     assert refusal.splitlines()[-1].startswith("calsweep: error: run 'tiny' is being launched already"), refusal
