@@ -20,13 +20,14 @@ import datetime as dt
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_s3 import Request, local_s3  # noqa: E402 - the script's own folder
+
+from common.provenance import git_revision  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "tests" / "sweeps" / "tiny_sweep.yaml"
@@ -97,11 +98,6 @@ def measure(trials: int, config: Path) -> dict:
             "per_trial_first10": per_trial[:10], "per_trial_last10": per_trial[-10:]}
 
 
-def _git_revision() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    return out.stdout.strip() or "unknown"
-
-
 def table(result: dict) -> str:
     """Requests and MB each way per phase, then the per-trial mean of the first and last ten trials."""
     lines = [f"{'phase':<22}{'requests':>10}{'MB sent':>10}{'MB received':>13}"]
@@ -125,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.trials < 1:
         raise SystemExit(f"--trials: expected an integer >= 1, got {args.trials}")
-    result = {"trials": args.trials, "label": args.label, "git_rev": _git_revision(),
+    result = {"trials": args.trials, "label": args.label, "git_rev": git_revision(),
               "date": dt.date.today().isoformat(), "machine": f"{os.cpu_count()}-core CPU ({platform.machine()})",
               **measure(args.trials, args.config)}
     print(table(result))

@@ -172,6 +172,11 @@ class SweepConfig:
                            custom_models=self.custom_models, sft=self.sft,
                            train=with_layout(self.train, self.layout(family), self.shape(family)), eval=self.eval)
 
+    @property
+    def row_length(self) -> int:
+        """Tokens of a training row: ``train.pack_length`` when rows are packed, else ``sft.max_seq_len``."""
+        return self.train.pack_length or self.sft.max_seq_len
+
     def layout(self, family: str) -> Layout:
         """The family's layout (``trainable.layout.plan_layout``): the config's explicit workers, stage and
         checkpointing kept, the rest chosen for ``resources.gpu_memory_gb`` GPUs. With ``workers_per_trial: auto``

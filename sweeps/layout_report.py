@@ -16,7 +16,7 @@ from sweeps.trial_cost import fixed_gpu_hours
 def trial_tokens(sweep: SweepConfig, family: str, sft_rows: int | None) -> float | None:
     """Tokens one trial of ``family`` trains on (upper bound: full rows of ``max_seq_len``): ``train.max_steps``
     steps of the layout's sequences, else ``train.epochs`` over the examples; None when neither is known."""
-    layout, seq_len = sweep.layout(family), sweep.train.pack_length or sweep.sft.max_seq_len
+    layout, seq_len = sweep.layout(family), sweep.row_length
     if sweep.train.max_steps is not None:
         sequences = layout.workers * layout.micro_batch_size * layout.gradient_accumulation_steps
         return float(sweep.train.max_steps * sequences * seq_len)
@@ -63,7 +63,7 @@ def family_gpu_hours(sweep: SweepConfig, family: str, sft_rows: int | None, gpus
     shape, tokens = sweep.shape(family), trial_tokens(sweep, family, sft_rows)
     if shape is None or tokens is None or sweep.layout_problem(family):
         return None
-    seq_len, layout, trials = sweep.train.pack_length or sweep.sft.max_seq_len, sweep.layout(family), \
+    seq_len, layout, trials = sweep.row_length, sweep.layout(family), \
         family_trials(sweep)[family]
     fixed = fixed_gpu_hours(shape, layout, trials, scored_questions(sweep), sweep.train.save_model, gpus,
                             sweep.resources.warm_trials)
@@ -167,7 +167,7 @@ def _hours(sweep: SweepConfig, family: str, layout: Any, sft_rows: int | None) -
     tokens = trial_tokens(sweep, family, sft_rows)
     if tokens is None:
         return "GPU-hours unknown (steps unknown)"
-    seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
+    seq_len = sweep.row_length
     return f"{family_trials(sweep)[family] * gpu_hours(sweep.shape(family), layout, tokens, seq_len):.3g} GPU-hours of training"
 
 
@@ -180,7 +180,7 @@ def hsdp_line(sweep: SweepConfig, family: str) -> str | None:
     options = [r for r in hsdp_replicas(layout.workers, sweep.resources.gpus_per_node) if r > 1]
     if layout.engine != "fsdp2" or layout.replicas > 1 or not options or shape is None:
         return None
-    seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
+    seq_len = sweep.row_length
     share = layout.micro_batch_size * layout.gradient_accumulation_steps
     peaks = {r: max(phase_peaks(shape, 3, layout.workers, 1, seq_len, True, engine="fsdp2", accumulation=share,
                                 replicas=r).values()) for r in options}

@@ -60,7 +60,7 @@ def trial_hours(sweep: SweepConfig, family: str) -> float | None:
     shape, layout = sweep.shape(family), sweep.layout(family)
     if shape is None:
         return None
-    seq_len = sweep.train.pack_length or sweep.sft.max_seq_len
+    seq_len = sweep.row_length
     tokens = trial_tokens(sweep, family, None) or float(sweep.train.epochs * seq_len)
     return gpu_hours(shape, layout, tokens, seq_len) / layout.workers
 
