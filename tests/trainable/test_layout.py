@@ -45,13 +45,14 @@ def test_registry_shapes_count_the_registry_params():
 @pytest.mark.parametrize("record", _measured(), ids=lambda r: f"{r['device'][7:11]}:{r['file']}:{r['row']}")
 def test_memory_model_bounds_the_measured_peaks(record):
     """Every compiled-layer run of the H200 and H100 benchmarks (docs/results.md), with the engine and ZeRO buckets
-    it ran with: FSDP2's prediction at or above the measured peak and within 15% of it (an upper bound that plans
-    trials, issue 45), DeepSpeed's within 10%."""
+    it ran with: the prediction at or above the measured peak and within 15% of it (an upper bound that plans
+    trials, issue 45), FSDP2's and DeepSpeed's ZeRO-0/1/2; DeepSpeed's ZeRO-3 (not a default: ZeRO-3 runs on FSDP2)
+    within 10%."""
     shape = SHAPES[record["shape"]]
     predicted = peak_bytes(shape, record["zero_stage"], record["gpus"], record["micro_batch"], record["seq_len"],
                            record["recomputed_layers"], record.get("zero_optimization"),
                            record.get("engine", "deepspeed"), record["accumulation"]) / GIB
-    if record.get("engine") == "fsdp2":
+    if record.get("engine") == "fsdp2" or record["zero_stage"] < 3:
         assert 0.85 * predicted <= record["peak_gib"] <= predicted
     else:
         assert predicted == pytest.approx(record["peak_gib"], rel=0.10)
@@ -107,7 +108,7 @@ def test_explicit_settings_win_and_nothing_fitting_is_one_line():
     layout = plan_layout(SHAPES["1b"], 2048, 8, 4, H100, workers=2, stage=3, checkpointing=True)
     assert (layout.workers, layout.zero_stage, layout.checkpointed) == (2, 3, 16)
     with pytest.raises(ValueError, match=r"8.03B-parameter model .* within 20.0 GiB GPUs on 1 GPUs, got none: "
-                       r"the smallest, 1 GPU, ZeRO-0, micro-batch 1 x 4, 32/32 layers checkpointed, peaks at 136.5 GiB "
+                       r"the smallest, 1 GPU, ZeRO-0, micro-batch 1 x 4, 32/32 layers checkpointed, peaks at 143.6 GiB "
                        r"per GPU against the 17.9 GiB PyTorch may allocate"):
         plan_layout(SHAPES["8b"], 2048, 4, 2, 20 * GIB, workers=1)
 
