@@ -15,6 +15,10 @@ so they keep one layer's activations at a time, and the worker checks on one row
 kernel by head size, sequence length, dtype and mask, not by the batch): its peak is the trial's states plus
 ``trainable.layout.check_activation_bytes``, below the training step's (``trainable.layout.phase_peaks``).
 
+Once per node: a verdict is a function of its key (model config, batch shapes and dtypes, engine, precision, GPU,
+torch and cuDNN versions), so ``choose_attention_once`` keeps it in ``<directory>/<hash of the key>.json`` and a
+later process of the node (the next sweep's first trial, another actor) reads it instead of checking again.
+
 Several ranks: a candidate's model forward holds collectives (ZeRO-3's and FSDP2's gathers), so a rank whose
 kernel raised mid-forward would leave the others waiting in one. Each rank first runs the candidate alone on the
 attention calls it recorded in the reference forward (``AttentionCalls``, no collective); the candidate's forward
@@ -23,8 +27,11 @@ runs only where it ran on every rank.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -32,6 +39,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
+from common.disk_cache import atomic_write
 from trainable.compiled import decoder_layers
 from trainable.recompute import recomputed_layers
 
@@ -170,17 +178,52 @@ def choose_attention(model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor]
 _CHOSEN: dict[str, AttentionChoice] = {}  # this process's one-rank checks: key -> choice
 
 
-def choose_attention_once(key: str, model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor]) -> AttentionChoice:
-    """``choose_attention``, run once per ``key`` in a process of one rank: a warm trial actor's later trials with
-    the same key (model config, batch shapes and dtypes, engine, precision, device) take the first one's answer, as
-    SDPA picks its kernel by those, not by the values. Under several ranks it runs every time (every rank must run
-    the same forwards)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
-            torch.distributed.get_world_size() > 1:
-        return choose_attention(model, loss_fn)
-    if key not in _CHOSEN:
-        _CHOSEN[key] = choose_attention(model, loss_fn)
-    return _CHOSEN[key]
+def choose_attention_once(key: str, model: torch.nn.Module, loss_fn: Callable[[], torch.Tensor],
+                          directory: Path | None = None) -> AttentionChoice:
+    """``choose_attention``, run once per ``key`` (model config, batch shapes and dtypes, engine, precision, device:
+    SDPA picks its kernel by those, not by the values): a warm actor's later trials take this process's answer, and
+    with ``directory`` (the node cache) any process of the node takes the verdict saved there by the first (read on
+    every rank only where every rank finds it, so all ranks run the same forwards or none)."""
+    several = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1
+    if not several and key in _CHOSEN:
+        return _CHOSEN[key]
+    saved = _saved(key, directory)
+    device = next(model.parameters()).device
+    if _on_every_rank(saved is not None, device):
+        choice = saved
+    else:
+        choice = choose_attention(model, loss_fn)
+        if directory is not None and (not several or torch.distributed.get_rank() == 0):
+            _save(choice, key, directory)
+    if not several:
+        _CHOSEN[key] = choice
+    return choice
+
+
+def _verdict_path(key: str, directory: Path) -> Path:
+    versions = [torch.__version__, str(torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)]
+    return Path(directory) / f"{hashlib.sha256(json.dumps([key, versions]).encode()).hexdigest()[:24]}.json"
+
+
+def _saved(key: str, directory: Path | None) -> AttentionChoice | None:
+    """The verdict saved for ``key`` in ``directory``, or None (none saved, or unreadable)."""
+    if directory is None:
+        return None
+    try:
+        saved = json.loads(_verdict_path(key, directory).read_text())
+        backends = None if saved["backends"] is None else tuple(SDPBackend.__members__[b] for b in saved["backends"])
+        return AttentionChoice(saved["name"], backends, saved["report"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _save(choice: AttentionChoice, key: str, directory: Path) -> None:
+    path = _verdict_path(key, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    backends = None if choice.backends is None else [b.name for b in choice.backends]
+    text = json.dumps({"key": key, "name": choice.name, "backends": backends, "report": choice.report}, indent=1)
+    atomic_write(path, lambda handle: handle.write(text.encode()))
 
 
 def _on_every_rank(flag: bool, device: torch.device) -> bool:

@@ -272,7 +272,7 @@ def _checked_attention(setup: TrialSetup, device: torch.device, rank: int) -> At
     probe = {k: v[:1].to(device) for k, v in setup.first_batch.items()}
     key = json.dumps([model.config.to_json_string(), {k: [list(v.shape), str(v.dtype)] for k, v in probe.items()},
                       type(engine).__name__, setup.precision, device.type, device_name(device)])
-    attention = choose_attention_once(key, model, lambda: engine.module(**probe))
+    attention = choose_attention_once(key, model, lambda: engine.module(**probe), cache_dir() / "attention")
     if attention.name != "default" and rank == 0:  # a fallback is worth a line in the sweep log
         print(f"[calsweep] attention kernels: {attention.name} ({attention.report})", flush=True)
     return attention

@@ -80,6 +80,36 @@ def test_one_rank_checks_each_key_once(wrapped_and_batch):
     assert choose_attention_once("test-other-key", wrapped.model, loss).name == "default" and len(forwards) > checked
 
 
+def test_a_later_process_of_the_node_takes_the_saved_verdict(wrapped_and_batch, tmp_path):
+    """The verdict saved in the node cache serves a process that has not checked (this one's memory emptied): no
+    forward runs; another key, or an unreadable file, checks again."""
+    import trainable.attention_check as check
+
+    wrapped, batch = wrapped_and_batch
+    forwards, loss = counted_loss(wrapped, batch)
+    first = choose_attention_once("node-key", wrapped.model, loss, tmp_path)
+    checked = len(forwards)
+    saved = list(tmp_path.glob("*.json"))
+    assert checked >= 2 and len(saved) == 1 and json.loads(saved[0].read_text())["name"] == first.name
+    check._CHOSEN.clear()  # as a fresh process of the node
+    again = choose_attention_once("node-key", wrapped.model, loss, tmp_path)
+    assert len(forwards) == checked and (again.name, again.backends, again.report) == \
+        (first.name, first.backends, first.report)
+    check._CHOSEN.clear()
+    saved[0].write_text("{")  # a torn or foreign file: checked again and rewritten
+    assert choose_attention_once("node-key", wrapped.model, loss, tmp_path).name == first.name
+    assert len(forwards) > checked and json.loads(saved[0].read_text())["name"] == first.name
+
+
+def test_a_saved_fallback_keeps_its_kernels(tmp_path):
+    from trainable.attention_check import AttentionChoice, _save, _saved
+
+    choice = AttentionChoice("flash_efficient", (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                                 SDPBackend.MATH), {"default": "differs: cos 0.0020"})
+    _save(choice, "k", tmp_path)
+    assert _saved("k", tmp_path) == choice and _saved("other", tmp_path) is None
+
+
 def test_the_input_gradient_matches_autograd_through_the_whole_model(wrapped_and_batch):
     wrapped, batch = wrapped_and_batch
     wrapped.eval()
