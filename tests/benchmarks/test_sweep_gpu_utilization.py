@@ -198,42 +198,48 @@ def test_runs_warm_and_cold_sweeps_on_the_cpu(tmp_path, data_dir):
     assert "GPU-hours predicted / measured" in run.stdout and " check " in run.stdout
 
 
-@pytest.mark.slow
-def test_a_run_killed_from_outside_leaves_the_trials_it_finished(tmp_path, data_dir):
-    """While its sweep runs the script writes the summary so far (``--partial-every``): killed after the first
-    trial's row, its JSON holds that trial."""
+@pytest.fixture(scope="module")
+def fsdp2_run_killed(tmp_path_factory, data_dir) -> tuple[dict, dict]:
+    """A warm run of six one-step trials on FSDP2 (``--engine fsdp2``) that writes its summary so far every second
+    (``--partial-every``), killed from outside (the script, its sweep and the sweep's Ray) once that summary holds
+    two trials: the last summary read before the kill, and the JSON the run left."""
     import signal
     import time
 
+    tmp_path = tmp_path_factory.mktemp("fsdp2_killed")
     out = tmp_path / "util.json"
-    run = subprocess.Popen([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "4", "--steps", "2",
-                            "--eval-limit", "4", "--paths", "warm", "--partial-every", "1", "--work",
-                            str(tmp_path / "work"), "--out", str(out)], stdout=subprocess.DEVNULL,
+    run = subprocess.Popen([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "6", "--steps", "1",
+                            "--eval-limit", "4", "--paths", "warm", "--engine", "fsdp2", "--partial-every", "1",
+                            "--work", str(tmp_path / "work"), "--out", str(out)], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True,
                            env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
     try:
         deadline, warm = time.time() + 600, {}
-        while time.time() < deadline and run.poll() is None and not warm.get("trials"):
+        while time.time() < deadline and run.poll() is None and warm.get("trials", 0) < 2:
             time.sleep(1)
             warm = json.loads(out.read_text())["paths"].get("warm", {}) if out.is_file() else {}
     finally:
-        os.killpg(run.pid, signal.SIGKILL)  # the script, its sweep and the sweep's Ray
+        os.killpg(run.pid, signal.SIGKILL)
         run.wait(timeout=60)
-    assert warm.get("launch_exit_code") == "running" and warm["trials"] >= 1, warm
-    assert json.loads(out.read_text())["paths"]["warm"]["by_trial"][0]["status"] == "ok"
+    return warm, json.loads(out.read_text())["paths"]["warm"]
 
 
 @pytest.mark.slow
-def test_warm_one_gpu_trials_run_on_fsdp2_when_asked(tmp_path, data_dir):
-    """``--engine fsdp2``: the warm Tune actors train one-worker trials on FSDP2 (ZeRO-3's layout on one rank)."""
-    out = tmp_path / "util.json"
-    run = subprocess.run([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "2", "--steps", "1",
-                          "--eval-limit", "4", "--paths", "warm", "--engine", "fsdp2", "--work", str(tmp_path / "work"),
-                          "--out", str(out)], capture_output=True, text=True, timeout=1200,
-                         env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    warm = json.loads(out.read_text())["paths"]["warm"]
-    assert warm["ok"] == warm["trials"] == 2 and warm["engines"] == ["fsdp2"] and warm["layout"] == [[3, 2, 1]]
+def test_a_run_killed_from_outside_leaves_the_trials_it_finished(fsdp2_run_killed):
+    """While its sweep runs the script writes the summary so far (``--partial-every``): killed after two trials'
+    rows, its JSON holds those trials."""
+    seen, left = fsdp2_run_killed
+    assert seen.get("launch_exit_code") == "running" and seen["trials"] >= 2, seen
+    assert left["launch_exit_code"] == "running" and left["trials"] >= 2 and left["by_trial"][0]["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_warm_one_gpu_trials_run_on_fsdp2_when_asked(fsdp2_run_killed):
+    """``--engine fsdp2``: the warm Tune actors train one-worker trials on FSDP2 (ZeRO-3's layout on one rank), one
+    after another."""
+    _, warm = fsdp2_run_killed
+    assert warm["ok"] == warm["trials"] >= 2 and warm["engines"] == ["fsdp2"] and warm["layout"] == [[3, 2, 1]]
+    assert warm["overhead"]["slots"] == 1, warm["overhead"]
 
 
 @pytest.mark.slow
