@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -110,7 +110,10 @@ def test_a_killed_helper_rank_fails_the_trial_whose_retry_resumes_from_its_check
                 killed.append(min(helpers))
                 return
 
-    out, rows = _launch(results, data_dir, "kill", *KILL, watch=kill_after_first_checkpoint)
+    with ThreadPoolExecutor(1) as pool:  # the same trial run through meanwhile, by a launch and Ray of its own
+        uninterrupted = pool.submit(_launch, results, data_dir, "through", *KILL)
+        out, rows = _launch(results, data_dir, "kill", *KILL, watch=kill_after_first_checkpoint)
+        _, (through,) = uninterrupted.result()
     print(out.stdout)
     assert killed, out.stdout[-3000:]
     (row,) = rows
@@ -121,7 +124,6 @@ def test_a_killed_helper_rank_fails_the_trial_whose_retry_resumes_from_its_check
     kept = [path for path in (results / "ray" / f"kill-{row['trial_id']}").iterdir() if path.is_dir()]
     assert len(kept) == 1 and (kept[0] / "final_metrics.json").exists()  # checkpoints_to_keep: 1 pruned the others
 
-    _, (through,) = _launch(results, data_dir, "through", *KILL)  # the same trial, uninterrupted
     assert through["resumed_from_step"] == 0
     for key in ("train_loss", "train_loss_first", "arc_easy_nll", "arc_easy_ece"):  # every rank resumed its state
         assert math.isclose(row[key], through[key], rel_tol=REL_TOL), (key, row[key], through[key])
