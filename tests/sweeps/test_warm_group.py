@@ -33,16 +33,18 @@ HELPER = b"ray::WarmRank"  # a helper rank's process title
 
 
 def _helpers(session: int) -> set[int]:
-    """The helper ranks' processes in the session of the launcher we started."""
-    pids = set()
+    """The helper ranks' processes in the session of the launcher we started. A child a helper forks (a subprocess
+    before its exec, as DeepSpeed's op checks start) has its title until then: not counted."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         try:
             stat, cmdline = (entry / "stat").read_text(), (entry / "cmdline").read_bytes()
         except (OSError, ValueError):  # not a process, or one that has ended
             continue
-        if int(stat.rsplit(")", 1)[1].split()[3]) == session and cmdline.startswith(HELPER):
-            pids.add(int(entry.name))
-    return pids
+        fields = stat.rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+        if int(fields[3]) == session and cmdline.startswith(HELPER):
+            parents[int(entry.name)] = int(fields[1])
+    return {pid for pid, parent in parents.items() if parent not in parents}
 
 
 def _launch(results: Path, data_dir: str, name: str, *settings: str,
