@@ -81,8 +81,11 @@ def test_two_worker_trials_reuse_one_helper_and_match_cold_ones_bit_for_bit(tmp_
         while not stop.wait(0.2):
             seen.update(_helpers(session))
 
-    _, warm = _launch(tmp_path / "results", data_dir, "warm", *ONE_STEP, THREE, watch=watch)
-    _, cold = _launch(tmp_path / "results", data_dir, "cold", *ONE_STEP, THIRD, "resources.warm_trials=false")
+    with ThreadPoolExecutor(1) as pool:  # the cold twin meanwhile, by a launch and Ray of its own
+        twin_run = pool.submit(_launch, tmp_path / "results", data_dir, "cold", *ONE_STEP, THIRD,
+                               "resources.warm_trials=false")
+        _, warm = _launch(tmp_path / "results", data_dir, "warm", *ONE_STEP, THREE, watch=watch)
+        _, cold = twin_run.result()
     assert len(seen) == 1, seen  # one helper rank served the three trials
     for rows, count in ((warm, 3), (cold, 1)):
         assert len(rows) == count and all(row["status"] == "ok" and row["world_size"] == 2 for row in rows), rows
