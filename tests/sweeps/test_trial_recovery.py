@@ -94,18 +94,39 @@ def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, killed_sweeps, on
         assert math.isclose(row[key], reference[key], rel_tol=REL_TOL), (key, row[key], reference[key])
 
 
+OUT_OF_MEMORY = {"warm": (1, True), "warm_2_workers": (2, True), "ray_train_2_workers": (2, False)}  # workers, warm
+
+
+def _out_of_memory_settings(workers: int, warm: bool) -> list[str]:
+    return ["label_smoothing=[0.1]", "eval.tasks=[]", "resources.max_failures=0",  # no Tune retry
+            f"resources.workers_per_trial={workers}", *_warm_trials(warm)]
+
+
+@pytest.fixture(scope="module")
+def out_of_memory_sweeps(tmp_path_factory, data_dir) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """A one-trial sweep of each layout of OUT_OF_MEMORY, its trial's rank 0 out of memory on its first attempt
+    (``CALSWEEP_FAULT_OOM``); the three launched at once, each with a Ray of its own. Layout -> (its launch, its
+    results folder)."""
+    folders = {layout: tmp_path_factory.mktemp("out_of_memory") / "results" for layout in OUT_OF_MEMORY}
+
+    def launch(layout: str) -> subprocess.CompletedProcess:
+        return subprocess.run(_launch(folders[layout], "--config", str(CONFIG),
+                                      *_out_of_memory_settings(*OUT_OF_MEMORY[layout])),
+                              capture_output=True, text=True, timeout=600, env=_env(data_dir, **{OOM_ENV: "1"}))
+
+    with ThreadPoolExecutor(len(folders)) as pool:
+        runs = {layout: pool.submit(launch, layout) for layout in folders}
+        return {layout: (run.result(), folders[layout]) for layout, run in runs.items()}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("workers", "warm"), [(1, True), (2, True), (2, False)],
-                         ids=["warm", "warm_2_workers", "ray_train_2_workers"])
-def test_an_out_of_memory_trial_is_retried_alone(tmp_path, data_dir, workers, warm):
+@pytest.mark.parametrize("layout", list(OUT_OF_MEMORY))
+def test_an_out_of_memory_trial_is_retried_alone(out_of_memory_sweeps, data_dir, layout):
     """Warm, the error is rank 0's own; through Ray Train, its rank 0's inside the WorkerGroupError, whose text
     Ray cuts short. Either way the FAILED line says out of memory with the layout the trial ran (no peaks on the
     CPU), and the launcher runs it again alone."""
-    results = tmp_path / "results"
-    settings = ["label_smoothing=[0.1]", "eval.tasks=[]", "resources.max_failures=0",  # no Tune retry
-                f"resources.workers_per_trial={workers}", f"resources.warm_trials={str(warm).lower()}"]
-    out = subprocess.run(_launch(results, "--config", str(CONFIG), *settings), capture_output=True,
-                         text=True, timeout=600, env=_env(data_dir, **{OOM_ENV: "1"}))
+    (workers, warm), (out, results) = OUT_OF_MEMORY[layout], out_of_memory_sweeps[layout]
+    settings = _out_of_memory_settings(workers, warm)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (row,) = store.read_trials(str(results), "tiny").to_pylist()
     assert (results / "faults" / f"tiny__{row['trial_id']}.oom").exists()  # the first attempt did run out of memory
