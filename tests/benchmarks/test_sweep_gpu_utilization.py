@@ -7,8 +7,11 @@ import datetime as dt
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -172,13 +175,61 @@ def test_samples_only_the_gpus_the_sweep_may_use(monkeypatch):
     assert bench.visible_gpus() == []
 
 
+CPU_RUNS = {  # the script's runs on the CPU that end by themselves: name -> their arguments
+    "warm_and_cold": ["--shape", "tiny", "--trials", "2", "--steps", "1", "--eval-limit", "4", "--paths", "warm,cold"],
+    "mixed_grid": ["--shape", "small,tiny", "--trials", "2", "--steps", "3", "--eval-limit", "4", "--paths", "warm",
+                   "--bench-rows", "tiny:1:2:2:alpaca,small:1:2:2:alpaca"],
+}
+
+
+def _env(data_dir: str) -> dict[str, str]:
+    return {**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _run(work: Path, data_dir: str, args: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+    """The script with ``args``, its work folder ``work``: its run, and the JSON it wrote (``work``/util.json)."""
+    out = work / "util.json"
+    work.mkdir(parents=True)
+    run = subprocess.run([sys.executable, bench.__file__, *args, "--work", str(work), "--out", str(out)],
+                         capture_output=True, text=True, timeout=1800, env=_env(data_dir))
+    return run, out
+
+
+def _fsdp2_run_killed(work: Path, data_dir: str) -> tuple[dict, dict]:
+    """A warm run of six one-step trials on FSDP2 (``--engine fsdp2``) that writes its summary so far every second
+    (``--partial-every``), killed from outside (the script, its sweep and the sweep's Ray) once that summary holds
+    two trials: the last summary read before the kill, and the JSON the run left."""
+    out = work / "util.json"
+    work.mkdir(parents=True)
+    run = subprocess.Popen([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "6", "--steps", "1",
+                            "--eval-limit", "4", "--paths", "warm", "--engine", "fsdp2", "--partial-every", "1",
+                            "--work", str(work), "--out", str(out)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True, env=_env(data_dir))
+    try:
+        deadline, warm = time.time() + 600, {}
+        while time.time() < deadline and run.poll() is None and warm.get("trials", 0) < 2:
+            time.sleep(1)
+            warm = json.loads(out.read_text())["paths"].get("warm", {}) if out.is_file() else {}
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=60)
+    return warm, json.loads(out.read_text())["paths"]["warm"]
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(tmp_path_factory, data_dir) -> dict[str, tuple]:
+    """The script's CPU runs, launched at once (each sweep with a Ray of its own): for each of CPU_RUNS its run and
+    JSON (``_run``), and "fsdp2_killed" (``_fsdp2_run_killed``)."""
+    root = tmp_path_factory.mktemp("cpu_runs")
+    with ThreadPoolExecutor(len(CPU_RUNS) + 1) as pool:
+        runs = {name: pool.submit(_run, root / name, data_dir, args) for name, args in CPU_RUNS.items()}
+        runs["fsdp2_killed"] = pool.submit(_fsdp2_run_killed, root / "fsdp2_killed", data_dir)
+        return {name: run.result() for name, run in runs.items()}
+
+
 @pytest.mark.slow
-def test_runs_warm_and_cold_sweeps_on_the_cpu(tmp_path, data_dir):
-    out = tmp_path / "util.json"
-    run = subprocess.run([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "2", "--steps", "1",
-                          "--eval-limit", "4", "--paths", "warm,cold", "--work", str(tmp_path / "work"),
-                          "--out", str(out)], capture_output=True, text=True, timeout=1200,
-                         env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
+def test_runs_warm_and_cold_sweeps_on_the_cpu(cpu_runs):
+    run, out = cpu_runs["warm_and_cold"]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     print(run.stdout[-1500:])
     result = json.loads(out.read_text())
@@ -199,57 +250,32 @@ def test_runs_warm_and_cold_sweeps_on_the_cpu(tmp_path, data_dir):
 
 
 @pytest.mark.slow
-def test_a_run_killed_from_outside_leaves_the_trials_it_finished(tmp_path, data_dir):
-    """While its sweep runs the script writes the summary so far (``--partial-every``): killed after the first
-    trial's row, its JSON holds that trial."""
-    import signal
-    import time
-
-    out = tmp_path / "util.json"
-    run = subprocess.Popen([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "4", "--steps", "2",
-                            "--eval-limit", "4", "--paths", "warm", "--partial-every", "1", "--work",
-                            str(tmp_path / "work"), "--out", str(out)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True,
-                           env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
-    try:
-        deadline, warm = time.time() + 600, {}
-        while time.time() < deadline and run.poll() is None and not warm.get("trials"):
-            time.sleep(1)
-            warm = json.loads(out.read_text())["paths"].get("warm", {}) if out.is_file() else {}
-    finally:
-        os.killpg(run.pid, signal.SIGKILL)  # the script, its sweep and the sweep's Ray
-        run.wait(timeout=60)
-    assert warm.get("launch_exit_code") == "running" and warm["trials"] >= 1, warm
-    assert json.loads(out.read_text())["paths"]["warm"]["by_trial"][0]["status"] == "ok"
+def test_a_run_killed_from_outside_leaves_the_trials_it_finished(cpu_runs):
+    """While its sweep runs the script writes the summary so far (``--partial-every``): killed after two trials'
+    rows, its JSON holds those trials."""
+    seen, left = cpu_runs["fsdp2_killed"]
+    assert seen.get("launch_exit_code") == "running" and seen["trials"] >= 2, seen
+    assert left["launch_exit_code"] == "running" and left["trials"] >= 2 and left["by_trial"][0]["status"] == "ok"
 
 
 @pytest.mark.slow
-def test_warm_one_gpu_trials_run_on_fsdp2_when_asked(tmp_path, data_dir):
-    """``--engine fsdp2``: the warm Tune actors train one-worker trials on FSDP2 (ZeRO-3's layout on one rank)."""
-    out = tmp_path / "util.json"
-    run = subprocess.run([sys.executable, bench.__file__, "--shape", "tiny", "--trials", "2", "--steps", "1",
-                          "--eval-limit", "4", "--paths", "warm", "--engine", "fsdp2", "--work", str(tmp_path / "work"),
-                          "--out", str(out)], capture_output=True, text=True, timeout=1200,
-                         env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    warm = json.loads(out.read_text())["paths"]["warm"]
-    assert warm["ok"] == warm["trials"] == 2 and warm["engines"] == ["fsdp2"] and warm["layout"] == [[3, 2, 1]]
+def test_warm_one_gpu_trials_run_on_fsdp2_when_asked(cpu_runs):
+    """``--engine fsdp2``: the warm Tune actors train one-worker trials on FSDP2 (ZeRO-3's layout on one rank), one
+    after another."""
+    _, warm = cpu_runs["fsdp2_killed"]
+    assert warm["ok"] == warm["trials"] >= 2 and warm["engines"] == ["fsdp2"] and warm["layout"] == [[3, 2, 1]]
+    assert warm["overhead"]["slots"] == 1, warm["overhead"]
 
 
 @pytest.mark.slow
-def test_a_mixed_grid_on_the_cpu_against_bench_rows_run_first(tmp_path, data_dir):
+def test_a_mixed_grid_on_the_cpu_against_bench_rows_run_first(cpu_runs):
     """Two tiny families of different sizes in one warm sweep, each trial's rate set against the bench row of its
     shape and layout, which the script ran first (``--bench-rows``)."""
-    out = tmp_path / "util.json"
-    run = subprocess.run([sys.executable, bench.__file__, "--shape", "small,tiny", "--trials", "2", "--steps", "3",
-                          "--eval-limit", "4", "--paths", "warm", "--bench-rows",
-                          "tiny:1:2:2:alpaca,small:1:2:2:alpaca", "--work", str(tmp_path / "work"), "--out", str(out)],
-                         capture_output=True, text=True, timeout=1800,
-                         env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
+    run, out = cpu_runs["mixed_grid"]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     print(run.stdout[-2500:])
     result = json.loads(out.read_text())
-    assert result["bench"] == str(tmp_path / "work" / bench.BENCH_JSON) and result["shape"] == "small,tiny"
+    assert result["bench"] == str(out.parent / bench.BENCH_JSON) and result["shape"] == "small,tiny"
     warm = result["paths"]["warm"]
     assert warm["ok"] == warm["trials"] == 4 and set(warm["by_family"]) == {"llama-small", "llama-tiny"}
     for family, figures in warm["by_family"].items():

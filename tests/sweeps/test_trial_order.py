@@ -145,7 +145,7 @@ def test_one_gpu_trials_fill_the_gpu_two_gpu_trials_leave(tmp_path):
         assert sweep.resources.max_concurrent_trials == 3 and sweep.resources.gpus_per_worker == 1
         assert trial_resources({"sweep": sweep_to_dict(sweep), "family": "llama-1b"})["GPU"] == 1
         param_space = {**search.search_space(sweep), "sweep": sweep_to_dict(sweep), "out": str(tmp_path),
-                       "storage": str(tmp_path / "ray"), "seconds": {"llama-8b": 8.0, "llama-1b": 6.0}}
+                       "storage": str(tmp_path / "ray"), "seconds": {"llama-8b": 4.0, "llama-1b": 3.0}}
         grid = tune.Tuner(tune.with_resources(_fake_trial, trial_resources), param_space=param_space,
                           tune_config=tune.TuneConfig(num_samples=search.num_samples(sweep), reuse_actors=True,
                                                       search_alg=search.search_algorithm(sweep, 3)),

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,13 +53,30 @@ def _env(data_dir: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0", **extra}
 
 
+def _warm_trials(warm: bool) -> list[str]:
+    return [f"resources.warm_trials={str(warm).lower()}"]
+
+
+@pytest.fixture(scope="module")
+def killed_sweeps(tmp_path_factory, data_dir) -> dict[bool, tuple[subprocess.CompletedProcess, Path]]:
+    """SETTINGS' sweep warm and through Ray Train, its trial's rank 0 dying after step 3 on its first attempt
+    (``CALSWEEP_FAULT_AT_STEP``); the two launched at once, each with a Ray of its own. warm -> (its launch, its
+    results folder)."""
+    folders = {warm: tmp_path_factory.mktemp("killed") / "results" for warm in (True, False)}
+
+    def launch(warm: bool) -> subprocess.CompletedProcess:
+        return subprocess.run(_launch(folders[warm], "--config", str(CONFIG), *SETTINGS, *_warm_trials(warm)),
+                              capture_output=True, text=True, timeout=600, env=_env(data_dir, **{FAULT_ENV: "3"}))
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = {warm: pool.submit(launch, warm) for warm in folders}
+        return {warm: (run.result(), folders[warm]) for warm, run in runs.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "ray_train"])
-def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, data_dir, one_rank_process_group, warm):
-    results = tmp_path / "results"
-    settings = [*SETTINGS, f"resources.warm_trials={str(warm).lower()}"]
-    out = subprocess.run(_launch(results, "--config", str(CONFIG), *settings), capture_output=True,
-                         text=True, timeout=600, env=_env(data_dir, **{FAULT_ENV: "3"}))
+def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, killed_sweeps, one_rank_process_group, warm):
+    out, results = killed_sweeps[warm]
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "resumed from its checkpoint at step 2/4" in out.stdout, out.stdout[-3000:]
     (row,) = store.read_trials(str(results), "tiny").to_pylist()
@@ -69,25 +87,46 @@ def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, data_dir, one_ran
     kept = [path for path in run_dir.iterdir() if path.is_dir() and path.name.startswith("checkpoint_")]
     assert len(kept) == 1 and (kept[0] / "final_metrics.json").exists()  # checkpoints_to_keep: 1 pruned the others
 
-    sweep = load_sweep(CONFIG, {"results_dir": str(results)}, settings)
+    sweep = load_sweep(CONFIG, {"results_dir": str(results)}, [*SETTINGS, *_warm_trials(warm)])
     reference = uninterrupted_run(sweep, sweep.trial_points()[0], tmp_path / "reference")
     assert reference["resumed_from_step"] == 0
     for key in ("train_loss", "train_loss_first", "arc_easy_nll", "arc_easy_ece", "arc_easy_accuracy"):
         assert math.isclose(row[key], reference[key], rel_tol=REL_TOL), (key, row[key], reference[key])
 
 
+OUT_OF_MEMORY = {"warm": (1, True), "warm_2_workers": (2, True), "ray_train_2_workers": (2, False)}  # workers, warm
+
+
+def _out_of_memory_settings(workers: int, warm: bool) -> list[str]:
+    return ["label_smoothing=[0.1]", "eval.tasks=[]", "resources.max_failures=0",  # no Tune retry
+            f"resources.workers_per_trial={workers}", *_warm_trials(warm)]
+
+
+@pytest.fixture(scope="module")
+def out_of_memory_sweeps(tmp_path_factory, data_dir) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """A one-trial sweep of each layout of OUT_OF_MEMORY, its trial's rank 0 out of memory on its first attempt
+    (``CALSWEEP_FAULT_OOM``); the three launched at once, each with a Ray of its own. Layout -> (its launch, its
+    results folder)."""
+    folders = {layout: tmp_path_factory.mktemp("out_of_memory") / "results" for layout in OUT_OF_MEMORY}
+
+    def launch(layout: str) -> subprocess.CompletedProcess:
+        return subprocess.run(_launch(folders[layout], "--config", str(CONFIG),
+                                      *_out_of_memory_settings(*OUT_OF_MEMORY[layout])),
+                              capture_output=True, text=True, timeout=600, env=_env(data_dir, **{OOM_ENV: "1"}))
+
+    with ThreadPoolExecutor(len(folders)) as pool:
+        runs = {layout: pool.submit(launch, layout) for layout in folders}
+        return {layout: (run.result(), folders[layout]) for layout, run in runs.items()}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("workers", "warm"), [(1, True), (2, True), (2, False)],
-                         ids=["warm", "warm_2_workers", "ray_train_2_workers"])
-def test_an_out_of_memory_trial_is_retried_alone(tmp_path, data_dir, workers, warm):
+@pytest.mark.parametrize("layout", list(OUT_OF_MEMORY))
+def test_an_out_of_memory_trial_is_retried_alone(out_of_memory_sweeps, data_dir, layout):
     """Warm, the error is rank 0's own; through Ray Train, its rank 0's inside the WorkerGroupError, whose text
     Ray cuts short. Either way the FAILED line says out of memory with the layout the trial ran (no peaks on the
     CPU), and the launcher runs it again alone."""
-    results = tmp_path / "results"
-    settings = ["label_smoothing=[0.1]", "eval.tasks=[]", "resources.max_failures=0",  # no Tune retry
-                f"resources.workers_per_trial={workers}", f"resources.warm_trials={str(warm).lower()}"]
-    out = subprocess.run(_launch(results, "--config", str(CONFIG), *settings), capture_output=True,
-                         text=True, timeout=600, env=_env(data_dir, **{OOM_ENV: "1"}))
+    (workers, warm), (out, results) = OUT_OF_MEMORY[layout], out_of_memory_sweeps[layout]
+    settings = _out_of_memory_settings(workers, warm)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (row,) = store.read_trials(str(results), "tiny").to_pylist()
     assert (results / "faults" / f"tiny__{row['trial_id']}.oom").exists()  # the first attempt did run out of memory

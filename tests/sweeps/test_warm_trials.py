@@ -1,11 +1,14 @@
 """Warm trials in real sweeps (`python sweeps/launch.py`: Ray Tune, DeepSpeed on CPU): six one-step trials one at a
-time, warm (one reused Tune actor) and cold (a Ray Train worker group per trial). The warm sweep's time per trial
-outside the trials' own load, training and scoring is printed and bounded; every trial's losses and scores are the
-same bit for bit in both, though each warm trial after the first runs in a process a different trial has used."""
+time warm (one reused Tune actor), and two of them cold (a Ray Train worker group per trial, about 25 s each on two
+CPUs): the fourth (the first at the second learning rate) and the sixth. The warm sweep's time per trial outside the
+trials' own load, training and scoring is printed and bounded (measured while the cold sweep runs beside it, on a
+busier machine than a sweep's own); the two trials' losses and scores are the same bit for bit warm and cold, though
+warm they run in a process three and five other trials have used."""
 
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,27 +18,33 @@ from sweeps.overhead import summary, trial_overheads
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).with_name("tiny_sweep.yaml")
-SIX = ["learning_rates=[1.0e-3,3.0e-3]", "label_smoothing=[0.0,0.1,0.2]", "train.max_steps=1", "train.dropout=0.1",
-       "train.gradient_accumulation_steps=1", "eval.tasks=[arc_easy]", "resources.max_concurrent_trials=1"]
+ONE_AT_A_TIME = ["train.max_steps=1", "train.dropout=0.1", "train.gradient_accumulation_steps=1",
+                 "eval.tasks=[arc_easy]", "resources.max_concurrent_trials=1"]
+SIX = ["learning_rates=[1.0e-3,3.0e-3]", "label_smoothing=[0.0,0.1,0.2]"]  # run in this order: learning rate outer
+COLD = ["learning_rates=[3.0e-3]", "label_smoothing=[0.0,0.2]"]  # the fourth and the sixth of SIX
 WARM_BOUND_S = 10.0  # Must: <= 10 s per trial outside its own work
 SAME = ("train_loss", "train_loss_plain", "train_loss_first", "arc_easy_nll", "arc_easy_ece", "arc_easy_accuracy")
 
 
-def _sweep(results: Path, data_dir: str, name: str, *extra: str) -> list[dict]:
+def _sweep(results: Path, data_dir: str, name: str, grid: list[str], *extra: str) -> list[dict]:
+    """The sweep's rows, all ok, in start order."""
     out = subprocess.run([sys.executable, str(REPO / "sweeps" / "launch.py"), "--config", str(CONFIG),
-                          "--results-dir", str(results), "--name", name, *SIX, *extra], capture_output=True,
-                         text=True, timeout=1200,
+                          "--results-dir", str(results), "--name", name, *ONE_AT_A_TIME, *grid, *extra],
+                         capture_output=True, text=True, timeout=1200,
                          env={**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = store.read_trials(str(results), name).to_pylist()
-    assert len(rows) == 6 and all(row["status"] == "ok" for row in rows), rows
+    rows = sorted(store.read_trials(str(results), name).to_pylist(), key=lambda row: row["started_at"])
+    assert all(row["status"] == "ok" for row in rows), rows
     return rows
 
 
 @pytest.mark.slow
 def test_warm_trials_cost_little_outside_their_work_and_match_cold_ones_bit_for_bit(tmp_path, data_dir):
-    warm = _sweep(tmp_path / "results", data_dir, "warm")
-    cold = _sweep(tmp_path / "results", data_dir, "cold", "resources.warm_trials=false")
+    with ThreadPoolExecutor(1) as pool:  # the cold sweep meanwhile, by a launch and Ray of its own
+        cold_run = pool.submit(_sweep, tmp_path / "results", data_dir, "cold", COLD, "resources.warm_trials=false")
+        warm = _sweep(tmp_path / "results", data_dir, "warm", SIX)
+        cold = cold_run.result()
+    assert len(warm) == 6 and len(cold) == 2
     figures = {name: summary(trial_overheads(rows)) for name, rows in (("warm", warm), ("cold", cold))}
     for name, figure in figures.items():
         print(f"{name}: per trial after the first, outside load/train/score: mean {figure['overhead_s_mean']:.2f} s, "
@@ -46,12 +55,14 @@ def test_warm_trials_cost_little_outside_their_work_and_match_cold_ones_bit_for_
     # a return to a worker group per trial costs its start and stop again: the warm path saves most of it
     assert figures["warm"]["overhead_s_mean"] < 0.5 * figures["cold"]["overhead_s_mean"], figures
 
-    cold_by_id = {row["trial_id"]: row for row in cold}
-    for row in warm:
-        other = cold_by_id[row["trial_id"]]
+    warm_order = [row["trial_id"] for row in warm]
+    assert [warm_order.index(row["trial_id"]) for row in cold] == [3, 5]  # warm, after three and five other trials
+    for row in cold:
+        twin = warm[warm_order.index(row["trial_id"])]
         for key in SAME:
-            assert row[key] == other[key], (row["trial_id"], key, row[key], other[key])
-    assert len({row["train_loss"] for row in warm}) > 1  # the trials differ, so a leftover would show
+            assert twin[key] == row[key], (row["trial_id"], key, twin[key], row[key])
+    # the trials differ (the compared ones from those before them too), so a leftover would show
+    assert len({row["train_loss"] for row in warm}) == 3 and len({row["arc_easy_nll"] for row in warm}) == 6
 
 
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=10, num_attention_heads=4, num_key_value_heads=2,
