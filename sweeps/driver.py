@@ -43,18 +43,18 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _process_started() -> dt.datetime:
-    """When this process started: the trial's Tune actor (``sweeps.overhead`` tells a new actor from a reused one).
-    Where the kernel tells the process's start on the boot clock (Linux), its age on that clock: exact; elsewhere
-    psutil's start time, whose boot time is whole seconds."""
+def process_started(pid: int | None = None) -> dt.datetime:
+    """When process ``pid`` (default: this one, the trial's Tune actor: ``sweeps.overhead`` tells a new actor from a
+    reused one) started. Where the kernel tells a process's start on the boot clock (Linux), from its age on that
+    clock: exact to the clock tick; elsewhere psutil's start time, whose boot time is whole seconds."""
     try:
-        with open("/proc/self/stat") as stat:
+        with open(f"/proc/{pid or 'self'}/stat") as stat:
             ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
         started = time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, AttributeError):  # no procfs, or no boot clock
+    except (FileNotFoundError, AttributeError):  # no procfs, or no boot clock
         import psutil
 
-        started = psutil.Process().create_time()
+        started = psutil.Process(pid).create_time()
     return dt.datetime.fromtimestamp(started, dt.timezone.utc)
 
 
@@ -99,7 +99,7 @@ def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any
         "family": trial.family, "sft_dataset": trial.sft.dataset, "learning_rate": trial.learning_rate,
         "label_smoothing": trial.label_smoothing, "seed": trial.seed,
         "config_json": store.config_json(trial.to_dict()),
-        "started_at": started, "finished_at": _now(), "actor_started_at": _process_started(),
+        "started_at": started, "finished_at": _now(), "actor_started_at": process_started(),
         "hostname": socket.gethostname(), **provenance,
     }
     row.update({key: metrics.get(key) for key in scalar_columns() + ENTROPY_STATS})  # trainable.result.TrialResult
