@@ -175,6 +175,10 @@ def trial_driver(params: dict[str, Any]) -> None:
 
     os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", str(STOPPED_TRIAL_WAIT_S))  # read by this actor's reset
     sweep = sweep_from_dict(params["sweep"])
+    if warm_trial.wanted(sweep):  # a trial of several workers: its helper ranks start while this rank prepares
+        from sweeps import warm_group
+
+        warm_group.start_helpers(sweep)
     trial = sweep.trial(sweep.point(params))
     if not needs_run(sweep, trial, params.get("rerun_changed", False)):
         ray.tune.report({"phase": "done", "resumed_from_store": True})

@@ -1,7 +1,8 @@
 """Warm trials of two workers in real sweeps (`python sweeps/launch.py`: Ray Tune, DeepSpeed on CPU with gloo):
 rank 0 in the Tune actor, rank 1 in a helper actor of its placement group (``sweeps.warm_group``). Three trials
-one at a time run with one helper process, whose group the second and third trials reuse, and give the losses and
-scores of the same trials run cold (a Ray Train worker group per trial) bit for bit. A helper killed after the
+one at a time run with one helper process, started as the first trial's driver began (before the trial's own
+start), whose group the second and third trials reuse, and give the losses and scores of the same trials run cold
+(a Ray Train worker group per trial) bit for bit. A helper killed after the
 trial's first checkpoint: the trial is retried once and ends ok, resumed from that checkpoint, with the numbers of
 the same trial run through."""
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sweeps import store
+from sweeps.driver import process_started
 from sweeps.overhead import summary, trial_overheads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,15 +74,17 @@ def _launch(results: Path, data_dir: str, name: str, *settings: str,
 
 @pytest.mark.slow
 def test_two_worker_trials_reuse_one_helper_and_match_cold_ones_bit_for_bit(tmp_path, data_dir):
-    seen: set[int] = set()
+    seen: dict[int, float] = {}  # helper process -> its start
 
     def watch(session: int, stop: threading.Event) -> None:
         while not stop.wait(0.2):
-            seen.update(_helpers(session))
+            seen.update({pid: process_started(pid).timestamp() for pid in _helpers(session) - set(seen)})
 
     _, warm = _launch(tmp_path / "results", data_dir, "warm", *THREE, watch=watch)
     _, cold = _launch(tmp_path / "results", data_dir, "cold", *THREE, "resources.warm_trials=false")
     assert len(seen) == 1, seen  # one helper rank served the three trials
+    # it started while rank 0 prepared the first trial (sweeps.warm_group.start_helpers), not after the trial began
+    assert next(iter(seen.values())) < min(row["started_at"] for row in warm).timestamp(), seen
     for rows in (warm, cold):
         assert len(rows) == 3 and all(row["status"] == "ok" and row["world_size"] == 2 for row in rows), rows
     figures = {name: summary(trial_overheads(rows)) for name, rows in (("warm", warm), ("cold", cold))}
