@@ -30,7 +30,9 @@ per path:
 - the trials' compile warm-up (``wall_warmup_s``) and layouts;
 - per trial (``sweeps.overhead``, from the store's timestamps and the worker's wall times): overhead (time outside
   the trial's own load, training and scoring) and idle (overhead plus loading: previous trial's last scored
-  question to this trial's first optimiser step), as means over the trials that follow another on their GPU;
+  question to this trial's first optimiser step), as means over the trials that follow another on their GPU; and
+  each new actor's start (its process's start to its trial's: Ray's worker, imports, Tune's set-up), apart from
+  Tune's scheduling before it (the previous trial's row to that process's start);
 - train and scoring seconds per trial, and each trial's seconds by phase: load, attention check, compile warm-up,
   training, scoring (``phase_seconds``);
 - GPU-hours: predicted (``sweeps.layout_report.predicted_gpu_hours``: training plus load, start, compile, scoring,
@@ -322,6 +324,10 @@ def _hours(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def _mean(values: list[float] | None) -> float | None:
+    return mean(values) if values else None
+
+
 def _median(rows: list[dict], key: str) -> float | None:
     values = [r[key] for r in rows if r.get(key) is not None]
     return median(values) if values else None
@@ -389,6 +395,8 @@ def table(result: dict) -> str:
             ("idle per trial (incl. load), mean", lambda r: cell(r["overhead"]["idle_s_mean"])),
             ("first trial: framework / load", lambda r: f"{cell(r['overhead']['first_framework_s'][0])} / "
                                                        f"{cell(r['overhead']['first_load_s'][0])}"),
+            ("new actor's start, mean / max", lambda r: f"{cell(_mean(r['overhead'].get('new_actor_start_s')))} / "
+                                                       f"{cell(max(r['overhead'].get('new_actor_start_s') or [None]))}"),
             ("trial tokens/s (steady), median", lambda r: cell(r.get("tokens_per_s_steady_median"), 1, "")),
             ("compile warm-up, median / max", lambda r: f"{cell(r.get('warmup_s_median'))} / "
                                                        f"{cell(r.get('warmup_s_max'))}"),

@@ -20,6 +20,7 @@ import datetime as dt
 import functools
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 from calibration.summary import metric_columns
@@ -40,6 +41,21 @@ STOPPED_TRIAL_WAIT_S = 3600
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+def process_started(pid: int | None = None) -> dt.datetime:
+    """When process ``pid`` (default: this one, the trial's Tune actor: ``sweeps.overhead`` tells a new actor from a
+    reused one) started. Where the kernel tells a process's start on the boot clock (Linux), from its age on that
+    clock: exact to the clock tick; elsewhere psutil's start time, whose boot time is whole seconds."""
+    try:
+        with open(f"/proc/{pid or 'self'}/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        started = time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (FileNotFoundError, AttributeError):  # no procfs, or no boot clock
+        import psutil
+
+        started = psutil.Process(pid).create_time()
+    return dt.datetime.fromtimestamp(started, dt.timezone.utc)
 
 
 def planned_layout(sweep: SweepConfig, trial: TrialConfig) -> dict[str, Any]:
@@ -83,7 +99,8 @@ def trial_row(sweep: SweepConfig, params: dict[str, Any], metrics: dict[str, Any
         "family": trial.family, "sft_dataset": trial.sft.dataset, "learning_rate": trial.learning_rate,
         "label_smoothing": trial.label_smoothing, "seed": trial.seed,
         "config_json": store.config_json(trial.to_dict()),
-        "started_at": started, "finished_at": _now(), "hostname": socket.gethostname(), **provenance,
+        "started_at": started, "finished_at": _now(), "actor_started_at": process_started(),
+        "hostname": socket.gethostname(), **provenance,
     }
     row.update({key: metrics.get(key) for key in scalar_columns() + ENTROPY_STATS})  # trainable.result.TrialResult
     if metrics.get("world_size") is None:  # no final report: the layout it was to run with
@@ -158,6 +175,10 @@ def trial_driver(params: dict[str, Any]) -> None:
 
     os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", str(STOPPED_TRIAL_WAIT_S))  # read by this actor's reset
     sweep = sweep_from_dict(params["sweep"])
+    if warm_trial.wanted(sweep):  # a trial of several workers: its helper ranks start while this rank prepares
+        from sweeps import warm_group
+
+        warm_group.start_helpers(sweep)
     trial = sweep.trial(sweep.point(params))
     if not needs_run(sweep, trial, params.get("rerun_changed", False)):
         ray.tune.report({"phase": "done", "resumed_from_store": True})

@@ -54,6 +54,8 @@ _IDENTITY_FIELDS: list[pa.Field] = [  # who ran what, with which config and code
     pa.field("config_json", pa.string()),
     pa.field("started_at", pa.timestamp("us", tz="UTC")),
     pa.field("finished_at", pa.timestamp("us", tz="UTC")),
+    # when the process that ran the trial's driver started: its Tune actor's (a reused actor's before an earlier trial)
+    pa.field("actor_started_at", pa.timestamp("us", tz="UTC")),
     pa.field("package_versions", pa.string()),  # JSON object: package -> version
     pa.field("git_rev", pa.string()),
     pa.field("hostname", pa.string()),

@@ -1,10 +1,12 @@
 """Ranks 1..N-1 of a warm trial of N workers (``sweeps.warm_trial``): helper actors that outlive the trial.
 
-The trial's Tune actor holds a placement group of N bundles (``warm_trial.actor_resources``) and is rank 0. Its
-first trial of N workers starts a ``WarmRank`` actor in each other bundle (``PlacementGroupSchedulingStrategy``,
-with the environment ``sweeps.driver.worker_env`` gives Ray Train workers) and makes the torch.distributed group of
-the N processes (``warm_trial.process_group``: a TCP store on rank 0's node); both are kept in this module
-(``_helpers``) for the actor's next trial, which Tune hands it with the same resources. Each trial runs
+The trial's Tune actor holds a placement group of N bundles (``warm_trial.actor_resources``) and is rank 0. As its
+first trial's driver begins (``start_helpers``), it starts a ``WarmRank`` actor in each other bundle
+(``PlacementGroupSchedulingStrategy``, with the environment ``sweeps.driver.worker_env`` gives Ray Train workers), so
+that their processes start (Ray's worker, torch and the trial's code imported) while rank 0 prepares the trial; the
+trial then makes the torch.distributed group of the N processes (``warm_trial.process_group``: a TCP store on rank
+0's node). Helpers and group are kept in this module (``_helpers``, ``_joined``) for the actor's next trial, which
+Tune hands it with the same resources. Each trial runs
 ``warm_trial.run_rank`` on every rank at once: rank 0 on ``warm_trial.TRIAL_THREAD``, reporting to Tune; a helper in
 its actor's one thread, its reports dropped (Ray Train keeps rank 0's too); each rank's memory released after it.
 Checkpoints are one stored folder with every rank's part (``run_rank``); every rank resumes from the newest.
@@ -17,6 +19,7 @@ records and retries a failed trial in a fresh actor; a next trial of this actor 
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -29,7 +32,8 @@ if TYPE_CHECKING:
     from trainable.worker import TrialWriters
 
 POLL_S = 0.5  # how often rank 0's Tune thread looks for a helper's failure while the trial runs
-_helpers: list[ray.actor.ActorHandle] = []  # this Tune actor's helper ranks (1..N-1) while its group lives
+_helpers: list[ray.actor.ActorHandle] = []  # this Tune actor's helper ranks (1..N-1), once started
+_joined = threading.Event()  # set while the helpers and this process form the trials' torch.distributed group
 
 
 @ray.remote
@@ -63,8 +67,10 @@ def run(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: str, wr
     """``warm_trial.run`` for a trial of several workers: every rank at once, the group started if this actor has
     none; rank 0's final metrics. Any rank's error, a helper's death or Tune's stop ends the group and is raised."""
     try:
-        helpers = _helpers or _start(sweep, trial.family)
-        pending = [helper.run.remote(sweep_to_dict(sweep), trial.to_dict(), storage_path, name) for helper in helpers]
+        if not _joined.is_set():
+            start_helpers(sweep)
+            _join(sweep, trial.family)
+        pending = [helper.run.remote(sweep_to_dict(sweep), trial.to_dict(), storage_path, name) for helper in _helpers]
         rank0 = warm_trial.TRIAL_THREAD.submit(warm_trial.run_rank, sweep, trial, storage_path, name,
                                                warm_trial.tune_report(trial), writers)
         warm_trial.TRIAL_THREAD.submit(warm_trial.release_memory)
@@ -79,24 +85,33 @@ def run(sweep: SweepConfig, trial: TrialConfig, storage_path: str, name: str, wr
         raise
 
 
-def _start(sweep: SweepConfig, family: str) -> list[ray.actor.ActorHandle]:
-    """Start the helper ranks of a trial of ``family`` in this actor's placement group and make the group of its
-    workers' processes."""
+def start_helpers(sweep: SweepConfig) -> None:
+    """Start this Tune actor's helper ranks, unless it has them: a ``WarmRank`` in each bundle of its placement group
+    after the first, none in a group of one bundle (a one-worker trial's) or outside one. Returns at once; called as
+    a warm trial's driver begins (``sweeps.driver.trial_driver``), so that the helpers start while rank 0 prepares
+    its trial."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from sweeps.driver import worker_env
 
-    world_size, group = workers_for(sweep, family), ray.util.get_current_placement_group()
-    if group is None:
-        raise RuntimeError(f"a warm trial of {world_size} workers: expected its Tune actor in a placement group of "
-                           f"{world_size} bundles (sweeps.warm_trial.actor_resources), found none")
-    bundle = warm_trial.actor_resources(sweep, family).bundles[1]
+    group = ray.util.get_current_placement_group()
+    if _helpers or group is None:
+        return
     _helpers.extend(WarmRank.options(
         num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), runtime_env={"env_vars": worker_env(sweep)},
         scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-    ).remote(sweep_to_dict(sweep)) for rank in range(1, world_size))
+    ).remote(sweep_to_dict(sweep)) for rank, bundle in enumerate(group.bundle_specs) if rank > 0)
+
+
+def _join(sweep: SweepConfig, family: str) -> None:
+    """Make the group of a trial of ``family``'s workers' processes: this one (rank 0) and its helpers."""
+    world_size, group = workers_for(sweep, family), ray.util.get_current_placement_group()
+    if group is None or len(_helpers) + 1 != world_size:
+        raise RuntimeError(f"a warm trial of {world_size} workers: expected its Tune actor in a placement group of "
+                           f"{world_size} bundles (sweeps.warm_trial.actor_resources), found "
+                           f"{'none' if group is None else len(group.bundle_specs)}")
     warm_trial.TRIAL_THREAD.submit(_join_as_rank0, sweep, world_size).result()
-    return _helpers
+    _joined.set()
 
 
 def _join_as_rank0(sweep: SweepConfig, world_size: int) -> None:
@@ -119,4 +134,5 @@ def _end() -> None:
     for helper in _helpers:
         ray.kill(helper, no_restart=True)
     _helpers.clear()
+    _joined.clear()
     warm_trial.TRIAL_THREAD.submit(lambda: dist.is_initialized() and dist.destroy_process_group())

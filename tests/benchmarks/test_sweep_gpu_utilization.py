@@ -33,9 +33,10 @@ def _row(trial_id: str, start: float, end: float) -> dict:
 
 
 def test_busy_fraction_first_step_and_slot_gaps(tmp_path):
-    # two slots: a [0, 50] then c [53, 103]; b [1, 51] then d [55, 105]
-    for trial_id, start, end in [("a", 0, 50), ("b", 1, 51), ("c", 53, 103), ("d", 55, 105)]:
-        store.write_trial(str(tmp_path), _row(trial_id, start, end))
+    # two slots: a [0, 50] then c [53, 103] in a's actor; b [1, 51] then d [55, 105] in a new actor started at 52
+    for trial_id, start, end, actor in [("a", 0, 50, -2), ("b", 1, 51, -1), ("c", 53, 103, -2), ("d", 55, 105, 52)]:
+        store.write_trial(str(tmp_path), {**_row(trial_id, start, end),
+                                          "actor_started_at": T0 + dt.timedelta(seconds=actor)})
     stamp = lambda s: (T0 + dt.timedelta(seconds=s)).timestamp()  # noqa: E731
     samples = [(stamp(s), gpu, 80.0 if s < 100 else 0.0) for s in range(0, 106, 5) for gpu in (0, 1)]
     result = bench.summarise(tmp_path, samples)
@@ -47,6 +48,10 @@ def test_busy_fraction_first_step_and_slot_gaps(tmp_path):
     assert result["overhead"]["overhead_s_mean"] == pytest.approx((10 + 11) / 2)
     assert result["overhead"]["idle_s_max"] == pytest.approx(11 + 8)
     assert result["load_s_median"] == 8.0 and result["train_s_median"] == 30.0
+    # new actors' starts, process to trial: a's, b's and d's (c reused a's actor)
+    assert result["overhead"]["new_actor_start_s"] == [2.0, 2.0, 3.0]
+    text = bench.table({"device": "cpu", "shape": "tiny", "trials": 4, "steps": 1, "paths": {"warm": result}})
+    assert "new actor's start, mean / max" in text and "2.3 s / 3.0 s" in text
 
 
 def test_memory_figures_in_start_order_and_against_the_prediction(tmp_path):

@@ -1,7 +1,11 @@
 """The driver's trial row: it keeps every metric a trial reports and refuses one the store has no column for; a row
-without the trial's final report (failed, stopped) keeps the layout the trial ran, or was to run, with."""
+without the trial's final report (failed, stopped) keeps the layout the trial ran, or was to run, with; it records when
+the process that ran the driver started, to the moment."""
 
 import datetime as dt
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,3 +44,20 @@ def test_a_failed_row_keeps_the_layout_it_was_to_run_with(tmp_path, gpus, predic
     assert row["gpu_peak_gib"] is None  # measured: only what the trial reported
     reported = trial_row(sweep, params, {"world_size": 1, "engine": "fsdp2", "zero_stage": 3}, "ok", None, now, {})
     assert (reported["world_size"], reported["engine"], reported["micro_batch_size"]) == (1, "fsdp2", None)
+
+
+def test_the_row_says_when_the_drivers_process_started_to_the_moment(tmp_path):
+    """``actor_started_at`` is the process's own start to the clock tick (10 ms; a new process's import of the driver
+    comes a second or more later), not a start time off by the host's boot time rounded to whole seconds."""
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    code = ("import sys, time; from sweeps.config import load_sweep; from sweeps.driver import trial_row; "
+            f"sweep = load_sweep({str(TINY)!r}, {{'results_dir': {str(tmp_path)!r}}}); "
+            "params = sweep.trial_points()[0]._asdict(); imported = time.time(); "
+            "row = trial_row(sweep, params, {}, 'failed', 'x', None, {}); "
+            "print(row['actor_started_at'].timestamp(), imported)")
+    launched = time.time()
+    started, imported = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                  check=True).stdout.split())
+    assert launched - 0.02 <= started <= launched + 0.3 < imported, (launched, started, imported)
+    row = trial_row(sweep, sweep.trial_points()[0]._asdict(), {}, "failed", "x", None, {})
+    assert row["actor_started_at"] <= dt.datetime.now(dt.timezone.utc)  # this test's own process

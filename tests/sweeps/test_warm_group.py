@@ -1,6 +1,7 @@
 """Warm trials of two workers in real sweeps (`python sweeps/launch.py`: Ray Tune, DeepSpeed on CPU with gloo):
 rank 0 in the Tune actor, rank 1 in a helper actor of its placement group (``sweeps.warm_group``). Three trials
-one at a time run with one helper process, whose group the second and third trials reuse; the third gives the losses
+one at a time run with one helper process, started as the first trial's driver began (before the trial's own
+start), whose group the second and third trials reuse; the third gives the losses
 and scores of the same trial run cold (a Ray Train worker group of its own, about 30 s on two CPUs) bit for bit. A
 helper killed after the trial's first checkpoint: the trial is retried once and ends ok, resumed from that
 checkpoint, with the numbers of the same trial run through."""
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sweeps import store
+from sweeps.driver import process_started
 from sweeps.overhead import summary, trial_overheads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,11 +77,11 @@ def _launch(results: Path, data_dir: str, name: str, *settings: str,
 
 @pytest.mark.slow
 def test_two_worker_trials_reuse_one_helper_and_match_cold_ones_bit_for_bit(tmp_path, data_dir):
-    seen: set[int] = set()
+    seen: dict[int, float] = {}  # helper process -> its start
 
     def watch(session: int, stop: threading.Event) -> None:
         while not stop.wait(0.2):
-            seen.update(_helpers(session))
+            seen.update({pid: process_started(pid).timestamp() for pid in _helpers(session) - set(seen)})
 
     with ThreadPoolExecutor(1) as pool:  # the cold twin meanwhile, by a launch and Ray of its own
         twin_run = pool.submit(_launch, tmp_path / "results", data_dir, "cold", *ONE_STEP, THIRD,
@@ -87,6 +89,8 @@ def test_two_worker_trials_reuse_one_helper_and_match_cold_ones_bit_for_bit(tmp_
         _, warm = _launch(tmp_path / "results", data_dir, "warm", *ONE_STEP, THREE, watch=watch)
         _, cold = twin_run.result()
     assert len(seen) == 1, seen  # one helper rank served the three trials
+    # it started while rank 0 prepared the first trial (sweeps.warm_group.start_helpers), not after the trial began
+    assert next(iter(seen.values())) < min(row["started_at"] for row in warm).timestamp(), seen
     for rows, count in ((warm, 3), (cold, 1)):
         assert len(rows) == count and all(row["status"] == "ok" and row["world_size"] == 2 for row in rows), rows
     figures = summary(trial_overheads(warm))
