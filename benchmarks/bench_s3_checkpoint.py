@@ -11,8 +11,10 @@ after one optimiser step on random tokens so that the optimizer's state exists. 
 uploaded as a warm trial's (``sweeps.checkpoints.persist``) to ``s3://calsweep-bench/ckpt`` on a local moto server
 over HTTP (``local_s3``), downloaded again as a resumed trial's (``sweeps.checkpoints.latest``) and loaded into the
 engine (``trainable.checkpointing.restore``). Printed and written: the checkpoint's size and files, the seconds and
-MB/s of each phase, the requests and bytes the server saw. The server keeps objects in its process (memory, then
-temporary files), so the upload and download rates are those of a local server, an upper bound for a remote one.
+MB/s of each phase, the requests and bytes the server saw; each phase is printed and written to ``--out``
+(``complete: false``) as it ends, so that a run stopped midway keeps what it measured. The server keeps objects in
+its process (memory, then temporary files), so the upload and download rates are those of a local server, an upper
+bound for a remote one.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_sft_throughput import SHAPES  # noqa: E402 - the script's own folder
 from local_s3 import local_s3  # noqa: E402
+
+from common.disk_cache import atomic_write  # noqa: E402
 
 RUN = "bench-ckpt"
 
@@ -84,8 +89,10 @@ def _traffic(requests) -> dict[str, int]:
             "bytes_received": sum(r.bytes_out for r in requests)}
 
 
-def measure(shape: str, zero_stage: int, seq_len: int) -> dict:
-    """Save, upload, download and restore one checkpoint; seconds, bytes and requests of each phase."""
+def measure(shape: str, zero_stage: int, seq_len: int, progress: Callable[[str, dict], None] = lambda *_: None
+            ) -> dict:
+    """Save, upload, download and restore one checkpoint; seconds, bytes and requests of each phase.
+    ``progress(phase, result so far)`` after each phase: a run stopped midway keeps what it measured."""
     import torch
 
     from sweeps import checkpoints
@@ -109,17 +116,20 @@ def measure(shape: str, zero_stage: int, seq_len: int) -> dict:
         checkpointing.save(engine, local, state, {"bench": shape}, 0, 1, PlanHistory())
         result["save_local_s"] = time.perf_counter() - start
         result["checkpoint_bytes"], result["checkpoint_files"] = _folder_bytes(local)
+        progress("save", result)
 
         mark, start = len(s3.requests), time.perf_counter()
         checkpoints.persist(storage, RUN, local, keep=1)
         result["upload_s"] = time.perf_counter() - start
         result["upload"] = _traffic(s3.requests[mark:])
+        progress("upload", result)
         shutil.rmtree(local)  # a node's disk holds one copy at a time
 
         mark, start = len(s3.requests), time.perf_counter()
         with checkpoints.latest(storage, RUN) as downloaded:
             result["download_s"] = time.perf_counter() - start
             result["download"] = _traffic(s3.requests[mark:])
+            progress("download", result)
             size, files = _folder_bytes(downloaded)
             if (size, files) != (result["checkpoint_bytes"], result["checkpoint_files"]):
                 raise RuntimeError(f"expected the checkpoint back whole ({result['checkpoint_bytes']} bytes in "
@@ -127,6 +137,7 @@ def measure(shape: str, zero_stage: int, seq_len: int) -> dict:
             start = time.perf_counter()
             checkpointing.restore(engine, downloaded, 0)
             result["restore_s"] = time.perf_counter() - start
+            progress("restore", result)
     gb = result["checkpoint_bytes"] / 1e9
     result["upload_gb_per_s"] = gb / result["upload_s"]
     result["download_gb_per_s"] = gb / result["download_s"]
@@ -157,12 +168,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seq-len", type=int, default=128, help="tokens of the one training step")
     parser.add_argument("--out", type=Path, default=None, help="JSON to write")
     args = parser.parse_args(argv)
-    result = {"date": dt.date.today().isoformat(), "command": " ".join(["python", *sys.argv]),
-              **measure(args.shape, args.zero_stage, args.seq_len)}
+    header = {"date": dt.date.today().isoformat(), "command": " ".join(["python", *sys.argv])}
+
+    def write(result: dict) -> None:
+        if args.out:
+            text = json.dumps({**header, **result}, indent=2) + "\n"
+            atomic_write(args.out, lambda handle: handle.write(text.encode()))
+
+    def progress(phase: str, partial: dict) -> None:  # a 1B checkpoint is ~15 GB: minutes a phase
+        seconds = partial.get(f"{phase}_s", partial.get("save_local_s"))
+        print(f"[bench_s3_checkpoint] {phase} done in {seconds:.1f} s ({partial['checkpoint_bytes'] / 1e9:.2f} GB)",
+              flush=True)
+        write({**partial, "complete": False})
+
+    result = {**header, **measure(args.shape, args.zero_stage, args.seq_len, progress), "complete": True}
     print(table(result))
+    write(result)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.out}")
     return result
 

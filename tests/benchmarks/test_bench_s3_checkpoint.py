@@ -8,7 +8,7 @@ import os
 def test_tiny_checkpoint_goes_through_the_bucket_and_back(benchmark_script, tmp_path, capsys):
     out = tmp_path / "checkpoint.json"
     result = benchmark_script("bench_s3_checkpoint").main(["--shape", "tiny", "--out", str(out)])
-    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result)) and result["complete"]
     assert result["engine"] == "deepspeed zero-0" and result["checkpoint_files"] >= 5
     params = result["parameters"]
     assert result["checkpoint_bytes"] > 12 * params  # float32 weights and Adam's two moments at least
@@ -17,4 +17,6 @@ def test_tiny_checkpoint_goes_through_the_bucket_and_back(benchmark_script, tmp_
     assert all(result[phase] > 0 for phase in ("save_local_s", "upload_s", "download_s", "restore_s"))
     assert "AWS_ENDPOINT_URL" not in os.environ  # the script's own server's settings are gone with it
     table = capsys.readouterr().out
+    for phase in ("save", "upload", "download", "restore"):  # each phase said (and written) as it ended
+        assert f"[bench_s3_checkpoint] {phase} done in " in table
     assert "upload (persist)" in table and "download (latest)" in table and "restore (into the engine)" in table
