@@ -27,7 +27,6 @@ runs only where it ran on every rank.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
-from common.disk_cache import atomic_write
+from common.disk_cache import atomic_write, cache_key
 from trainable.compiled import decoder_layers
 from trainable.recompute import recomputed_layers
 
@@ -202,8 +201,8 @@ def choose_attention_once(key: str, model: torch.nn.Module, loss_fn: Callable[[]
 
 
 def _verdict_path(key: str, directory: Path) -> Path:
-    versions = [torch.__version__, str(torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)]
-    return Path(directory) / f"{hashlib.sha256(json.dumps([key, versions]).encode()).hexdigest()[:24]}.json"
+    cudnn = str(torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
+    return Path(directory) / f"{cache_key(key, torch.__version__, cudnn)[:24]}.json"
 
 
 def _saved(key: str, directory: Path | None) -> AttentionChoice | None:
@@ -220,7 +219,6 @@ def _saved(key: str, directory: Path | None) -> AttentionChoice | None:
 
 def _save(choice: AttentionChoice, key: str, directory: Path) -> None:
     path = _verdict_path(key, directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
     backends = None if choice.backends is None else [b.name for b in choice.backends]
     text = json.dumps({"key": key, "name": choice.name, "backends": backends, "report": choice.report}, indent=1)
     atomic_write(path, lambda handle: handle.write(text.encode()))
