@@ -8,10 +8,11 @@ The model is ``bench_sft_throughput.SHAPES[--shape]`` (``1b``: Llama-3.2-1B's sh
 engine a one-GPU trial trains it with (``trainable.config.engine_for``: DeepSpeed ZeRO-``--zero-stage``, or FSDP2),
 after one optimiser step on random tokens so that the optimizer's state exists. The checkpoint is the trial's:
 ``trainable.checkpointing.save`` into a local folder (weights, optimizer state, RNG, loop and trial records),
-uploaded as a warm trial's (``sweeps.checkpoints.persist``) to ``s3://calsweep-bench/ckpt`` on a local moto server
-over HTTP (``local_s3``), downloaded again as a resumed trial's (``sweeps.checkpoints.latest``) and loaded into the
+uploaded as a warm trial's (``sweeps.checkpoints.persist``) to ``s3://calsweep-bench/ckpt`` on a local S3 server
+over HTTP (``--server``: ``rclone_s3``, file-backed, for checkpoints of gigabytes; or moto's, ``local_s3``, which also
+counts requests but keeps objects in memory and reads a whole object per ranged GET), downloaded again as a resumed trial's (``sweeps.checkpoints.latest``) and loaded into the
 engine (``trainable.checkpointing.restore``). Printed and written: the checkpoint's size and files, the seconds and
-MB/s of each phase, the requests and bytes the server saw; each phase is printed and written to ``--out``
+MB/s of each phase, the requests (moto) and bytes the server saw; each phase is printed and written to ``--out``
 (``complete: false``) as it ends, so that a run stopped midway keeps what it measured. The server keeps objects in
 its process (memory, then temporary files), so the upload and download rates are those of a local server, an upper
 bound for a remote one.
@@ -35,10 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_sft_throughput import SHAPES  # noqa: E402 - the script's own folder
 from local_s3 import local_s3  # noqa: E402
+from rclone_s3 import rclone_s3  # noqa: E402
 
 from common.disk_cache import atomic_write  # noqa: E402
 
 RUN = "bench-ckpt"
+SERVERS = {"rclone": rclone_s3, "moto": local_s3}
 
 
 def _folder_bytes(folder: Path) -> tuple[int, int]:
@@ -84,12 +87,19 @@ def _engine(shape: str, zero_stage: int, seq_len: int, device):
     return engine, name if name == "fsdp2" else f"deepspeed zero-{zero_stage}", parameters
 
 
-def _traffic(requests) -> dict[str, int]:
+def _traffic(s3, mark: int, moved_bytes: Callable[[], int], upload: bool) -> dict[str, int | None]:
+    """Requests and body bytes the server answered since request ``mark`` (moto counts them); rclone counts none:
+    its requests are None, its bytes ``moved_bytes()`` (what the bucket holds after an upload, what arrived on the
+    local disk after a download)."""
+    if s3.requests is None:
+        moved = moved_bytes()
+        return {"requests": None, "bytes_sent": moved if upload else 0, "bytes_received": 0 if upload else moved}
+    requests = s3.requests[mark:]
     return {"requests": len(requests), "bytes_sent": sum(r.bytes_in for r in requests),
             "bytes_received": sum(r.bytes_out for r in requests)}
 
 
-def measure(shape: str, zero_stage: int, seq_len: int, progress: Callable[[str, dict], None] = lambda *_: None
+def measure(shape: str, zero_stage: int, seq_len: int, server: str = "rclone", progress: Callable[[str, dict], None] = lambda *_: None
             ) -> dict:
     """Save, upload, download and restore one checkpoint; seconds, bytes and requests of each phase.
     ``progress(phase, result so far)`` after each phase: a run stopped midway keeps what it measured."""
@@ -107,8 +117,8 @@ def measure(shape: str, zero_stage: int, seq_len: int, progress: Callable[[str, 
     state = checkpointing.LoopState(step=1, total_steps=1, train_loss_first=0.0, train_loss=0.0, confidence=0.0,
                                     val_loss=None, tokens=seq_len)
     result = {"shape": shape, "parameters": parameters, "engine": engine_name, "device": str(device),
-              "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
-    with tempfile.TemporaryDirectory(prefix="calsweep-bench-") as scratch, local_s3("calsweep-bench") as s3, \
+              "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "server": server}
+    with tempfile.TemporaryDirectory(prefix="calsweep-bench-") as scratch, SERVERS[server]("calsweep-bench") as s3, \
             s3.exported():
         storage = f"s3://{s3.bucket}/ckpt"
         local = Path(scratch) / "checkpoint"
@@ -118,19 +128,19 @@ def measure(shape: str, zero_stage: int, seq_len: int, progress: Callable[[str, 
         result["checkpoint_bytes"], result["checkpoint_files"] = _folder_bytes(local)
         progress("save", result)
 
-        mark, start = len(s3.requests), time.perf_counter()
+        mark, start = len(s3.requests or ()), time.perf_counter()
         checkpoints.persist(storage, RUN, local, keep=1)
         result["upload_s"] = time.perf_counter() - start
-        result["upload"] = _traffic(s3.requests[mark:])
+        result["upload"] = _traffic(s3, mark, lambda: s3.object_bytes("ckpt/"), upload=True)
         progress("upload", result)
         shutil.rmtree(local)  # a node's disk holds one copy at a time
 
-        mark, start = len(s3.requests), time.perf_counter()
+        mark, start = len(s3.requests or ()), time.perf_counter()
         with checkpoints.latest(storage, RUN) as downloaded:
             result["download_s"] = time.perf_counter() - start
-            result["download"] = _traffic(s3.requests[mark:])
-            progress("download", result)
             size, files = _folder_bytes(downloaded)
+            result["download"] = _traffic(s3, mark, lambda: size, upload=False)
+            progress("download", result)
             if (size, files) != (result["checkpoint_bytes"], result["checkpoint_files"]):
                 raise RuntimeError(f"expected the checkpoint back whole ({result['checkpoint_bytes']} bytes in "
                                    f"{result['checkpoint_files']} files), got {size} bytes in {files} files")
@@ -144,17 +154,22 @@ def measure(shape: str, zero_stage: int, seq_len: int, progress: Callable[[str, 
     return result
 
 
+def _count(requests: int | None) -> str:
+    return "-" if requests is None else str(requests)
+
+
 def table(result: dict) -> str:
     gb = result["checkpoint_bytes"] / 1e9
     lines = [f"{result['shape']} ({result['parameters'] / 1e6:,.1f}M params, {result['engine']}, "
-             f"{result['device_name']}): checkpoint {gb:.2f} GB in {result['checkpoint_files']} files",
+             f"{result['device_name']}, {result['server']} server): checkpoint {gb:.2f} GB in "
+             f"{result['checkpoint_files']} files",
              f"{'phase':<28}{'seconds':>9}{'GB/s':>8}{'requests':>10}{'GB over HTTP':>14}",
              f"{'save (local folder)':<28}{result['save_local_s']:>9.2f}{gb / result['save_local_s']:>8.2f}"
              f"{'-':>10}{'-':>14}",
              f"{'upload (persist)':<28}{result['upload_s']:>9.2f}{result['upload_gb_per_s']:>8.2f}"
-             f"{result['upload']['requests']:>10}{result['upload']['bytes_sent'] / 1e9:>14.2f}",
+             f"{_count(result['upload']['requests']):>10}{result['upload']['bytes_sent'] / 1e9:>14.2f}",
              f"{'download (latest)':<28}{result['download_s']:>9.2f}{result['download_gb_per_s']:>8.2f}"
-             f"{result['download']['requests']:>10}{result['download']['bytes_received'] / 1e9:>14.2f}",
+             f"{_count(result['download']['requests']):>10}{result['download']['bytes_received'] / 1e9:>14.2f}",
              f"{'restore (into the engine)':<28}{result['restore_s']:>9.2f}{gb / result['restore_s']:>8.2f}"
              f"{'-':>10}{'-':>14}"]
     return "\n".join(lines)
@@ -166,6 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2, 3),
                         help="the one-GPU trial's ZeRO stage (3: FSDP2 on a GPU, as a trial's layout picks it)")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens of the one training step")
+    parser.add_argument("--server", default="rclone", choices=sorted(SERVERS),
+                        help="the local S3 server (moto: counts requests, for checkpoints of megabytes only)")
     parser.add_argument("--out", type=Path, default=None, help="JSON to write")
     args = parser.parse_args(argv)
     header = {"date": dt.date.today().isoformat(), "command": " ".join(["python", *sys.argv])}
@@ -181,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
               flush=True)
         write({**partial, "complete": False})
 
-    result = {**header, **measure(args.shape, args.zero_stage, args.seq_len, progress), "complete": True}
+    result = {**header, **measure(args.shape, args.zero_stage, args.seq_len, args.server, progress), "complete": True}
     print(table(result))
     write(result)
     if args.out:

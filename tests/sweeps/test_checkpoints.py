@@ -1,6 +1,7 @@
 """A trial's Ray Train run is continued only from checkpoints of its own config and number of workers."""
 
 import dataclasses
+import os
 from pathlib import Path
 
 from sweeps.checkpoints import discard_stale, latest, persist, run_name
@@ -68,3 +69,20 @@ def test_a_warm_trials_checkpoints_are_stored_whole_newest_kept_and_found(tmp_pa
     kept = sorted(p.name for p in (tmp_path / "ray" / name).iterdir())
     assert kept == sorted([Path(second).name, Path(third).name])
     assert discard_stale(storage, name, trial, 1) is None  # Ray Train's reader accepts them as this config's
+
+
+def test_a_checkpoint_in_a_bucket_is_read_back_in_few_large_requests(s3_store, tmp_path):
+    """pyarrow reads an object store's file with one ranged GET per read: a 20 MiB shard comes back in one GET
+    (``COPY_CHUNK_BYTES``), not in the 20 of pyarrow's 1 MiB default (17,000 for a 1B trial's checkpoint)."""
+    sweep = load_sweep(TINY, {"results_dir": str(tmp_path)})
+    trial = sweep.trial(sweep.trial_points()[0])
+    storage, name = f"s3://{s3_store.bucket}/ray", run_name("tiny", trial.trial_id)
+    local = _local_checkpoint(tmp_path / "a", trial, 2)
+    shard = os.urandom(20 << 20)
+    (local / "deepspeed" / "trial" / "optim.pt").write_bytes(shard)
+    persist(storage, name, local, keep=1)
+    mark = len(s3_store.requests)
+    with latest(storage, name) as found:
+        assert (found / "deepspeed" / "trial" / "optim.pt").read_bytes() == shard
+    reads = [r for r in s3_store.requests[mark:] if r.method == "GET" and r.path.split("?")[0].endswith("/optim.pt")]
+    assert len(reads) == 1 and reads[0].bytes_out == len(shard)
