@@ -2,12 +2,15 @@
 rank allocates the whole model, and the trial's first loss is the one of today's path (the whole model built on
 each rank, then sharded). A random-init Llama draws each rank's shards (another draw than the whole model's: the
 first losses agree to a hundredth); stored weights (a local folder) are rank 0's, broadcast tensor by tensor (the
-same weights: the same losses). Allocations are counted by PyTorch's profiler (``profile_memory``: every CPU
-allocation and free), the peak of live bytes while the loader runs. On one rank (``load_sharded`` alone: a one-rank
-trial builds whole), stored Llama (tied) and Gemma 3 models built on meta compute the stored model's loss exactly
-(every weight and buffer broadcast).
+same weights: the same losses). Allocations are counted by c10's CPU allocator (every thread's allocations and frees,
+gloo's worker threads included, whose frees the profiler misses), read off PyTorch's profiler (``profile_memory``):
+the peak of live bytes while the loader runs. On one rank (``load_sharded`` alone: a one-rank trial builds whole),
+stored Llama (tied) and Gemma 3 models built on meta compute the stored model's loss exactly (every weight and
+buffer broadcast).
 """
 
+import ctypes
+import gc
 import os
 import socket
 import subprocess
@@ -38,14 +41,28 @@ def _trial(family: str, data_dir: str, results: str):
         eval={"tasks": []}))
 
 
+def _count_every_threads_cpu_bytes() -> None:
+    """Turn on c10's own count of live CPU bytes (the ``caffe2_report_cpu_memory_usage`` flag of ``libc10``): each
+    allocation event the profiler records then carries the process's live total, frees on threads the profiler does
+    not watch included (a tensor gloo broadcast is freed on gloo's worker thread when its work object goes last)."""
+    library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libc10.so"))
+    ctypes.c_bool.in_dll(library, "FLAGS_caffe2_report_cpu_memory_usage").value = True
+
+
 def _peak_bytes(prof) -> int:
-    """The peak of live CPU bytes over a profile: allocations (an op's own) and frees in the order they came."""
-    events = sorted(prof.events(), key=lambda event: event.time_range.start)
-    live = peak = 0
-    for event in events:
-        live += event.self_cpu_memory_usage
-        peak = max(peak, live)
-    return peak
+    """The peak of live CPU bytes over a profile, above those live before it: c10's count (``total_allocated``) on
+    each CPU allocation and free the profiler recorded, less the count before the first."""
+    from torch._C._profiler import _EventType
+
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            events.append(event)
+    first = min(events, key=lambda event: event.start_time_ns).extra_fields
+    before = first.total_allocated - first.alloc_size
+    return max(event.extra_fields.total_allocated for event in events) - before
 
 
 def _rank(rank: int, port: int, out: str, data_dir: str, saved: str) -> None:
@@ -62,6 +79,7 @@ def _rank(rank: int, port: int, out: str, data_dir: str, saved: str) -> None:
     from trainable.lm_head import CausalLMWithFusedLoss
     from trainable.step_accounting import PendingLoss, optimizer_step
 
+    _count_every_threads_cpu_bytes()
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     cpu, results = torch.device("cpu"), {}
     for name, family in (("random", "tiny"), ("saved", saved)):
@@ -86,6 +104,8 @@ def _rank(rank: int, port: int, out: str, data_dir: str, saved: str) -> None:
                          "shard_bytes": sum(t.numel() * t.element_size() for t in local),
                          "largest_bytes": 4 * max(p.numel() for p in whole.parameters()),
                          "model_bytes": 4 * setup.facts["n_params"]}
+        del setup, local, up, whole, wrapped, engine  # freed here, not inside the next profile's window
+        gc.collect()
     torch.save(results, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()
     sys.stdout.flush()
