@@ -174,7 +174,7 @@ def trial_spans(rows: list[dict], records: list[dict]) -> list[dict]:
     for r in sorted(rows, key=lambda r: r["started_at"]):
         gpus = r.get("world_size") or 1
         rate = r["tokens_per_s_steady"] / gpus if r.get("tokens_per_s_steady") is not None else None
-        row = bench_row(r, records) if r.get("world_size") else None
+        row = bench_row(r, records) if r.get("world_size") and r.get("device") else None  # a failed row: no device
         engine = "FSDP2" if r.get("engine") == "fsdp2" else f"ZeRO-{r.get('zero_stage')}"
         spans.append({
             "trial_id": r["trial_id"], "family": r["family"], "status": r["status"], "gpus": gpus,

@@ -474,6 +474,23 @@ def apply_assignments(data: dict[str, Any], assignments: list[str]) -> dict[str,
     return data
 
 
+def with_absolute_local_paths(sweep: SweepConfig) -> SweepConfig:
+    """``sweep`` with each family and custom model's tokenizer that names an existing local path (not a registry or
+    custom name) made absolute against the launch's working directory: Ray's workers run in other directories."""
+    from common.models import REGISTRY
+
+    known = {*REGISTRY, *sweep.custom_models}
+
+    def absolute(name: str) -> str:
+        path = Path(name).expanduser()
+        return str(path.resolve()) if name not in known and path.exists() else name
+
+    custom = {name: dataclasses.replace(model, tokenizer=absolute(model.tokenizer))
+              for name, model in sweep.custom_models.items()}
+    return dataclasses.replace(sweep, families=tuple(absolute(family) for family in sweep.families),
+                               custom_models=custom)
+
+
 def load_sweep(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
                assignments: list[str] | None = None) -> SweepConfig:
     """Read a sweep YAML (the packaged default when ``path`` is None), apply top-level ``overrides`` (None values

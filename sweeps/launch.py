@@ -23,7 +23,8 @@ import yaml
 
 from common.datasource import DataSourceError, resolve_data_dir
 from sweeps import cluster_gpus, search, store
-from sweeps.config import ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, workers_for
+from sweeps.config import (ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, with_absolute_local_paths,
+                           workers_for)
 from sweeps.layout_report import alternatives_table, gpu_hours_line, layout_table, sft_row_count
 from sweeps.preflight import preflight, stale_problems
 from sweeps.run_lock import RunLockedError, run_lock
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if "://" not in sweep.results_dir:
             sweep = dataclasses.replace(sweep, results_dir=os.path.abspath(sweep.results_dir))
         root = resolve_data_dir(sweep.data_dir)  # absolute, so that Ray workers in other directories find it
-        sweep = dataclasses.replace(sweep, data_dir=str(root.resolve()) if root else None)
+        sweep = with_absolute_local_paths(dataclasses.replace(sweep, data_dir=str(root.resolve()) if root else None))
     except ConfigError as exc:
         return _report(exc.problems)
     except DataSourceError as exc:

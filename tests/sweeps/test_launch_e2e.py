@@ -1,8 +1,10 @@
 """End to end: `python sweeps/launch.py` on a tiny random-init model, 2 trials, through Ray Tune, Ray Train and
 DeepSpeed on CPU, into the Parquet store. The driver is killed (with its local Ray) once the first trial is done;
 `--resume` (with the Ray dashboard started) finishes the sweep without re-running that trial, and the store holds
-exactly one row per trial."""
+exactly one row per trial. The model's tokenizer is a folder named relative to the launch's working directory (Ray's
+workers run elsewhere: the launcher makes it absolute)."""
 
+import dataclasses
 import math
 import os
 import re
@@ -28,9 +30,10 @@ def _env(data_dir: str) -> dict:
     return {**os.environ, "CALSWEEP_DATA_DIR": data_dir, "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def _run_until_first_trial_done_then_kill(results: Path, data_dir: str) -> str:
-    process = subprocess.Popen(_command(results, "--config", str(CONFIG)), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=_env(data_dir), start_new_session=True)
+def _run_until_first_trial_done_then_kill(results: Path, data_dir: str, config: Path) -> str:
+    process = subprocess.Popen(_command(results, "--config", str(config)), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=_env(data_dir), start_new_session=True,
+                               cwd=config.parent)
     seen = []
     try:
         for line in process.stdout:
@@ -43,9 +46,27 @@ def _run_until_first_trial_done_then_kill(results: Path, data_dir: str) -> str:
     return "".join(seen)
 
 
+def test_local_paths_are_made_absolute_and_names_kept(tmp_path, monkeypatch):
+    from sweeps.config import load_sweep, with_absolute_local_paths
+
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "model").mkdir()
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep(CONFIG, {"families": ["tiny-llama", "smollm2-135m", "model"]})
+    sweep = dataclasses.replace(sweep, custom_models={
+        "tiny-llama": dataclasses.replace(sweep.custom_models["tiny-llama"], tokenizer="tok")})
+    absolute = with_absolute_local_paths(sweep)
+    assert absolute.families == ("tiny-llama", "smollm2-135m", str(tmp_path / "model"))
+    assert absolute.custom_models["tiny-llama"].tokenizer == str(tmp_path / "tok")
+    assert with_absolute_local_paths(load_sweep(CONFIG)) == load_sweep(CONFIG)  # registry names stay names
+
+
 @pytest.mark.slow
-def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir):
-    first = _run_until_first_trial_done_then_kill(tmp_path, data_dir)
+def test_tiny_sweep_end_to_end_killed_and_resumed(tmp_path, data_dir, smollm2_tokenizer):
+    smollm2_tokenizer.save_pretrained(tmp_path / "tok")
+    config = tmp_path / CONFIG.name
+    config.write_text(CONFIG.read_text().replace("tokenizer: smollm2-135m", "tokenizer: tok"))
+    first = _run_until_first_trial_done_then_kill(tmp_path, data_dir, config)
     assert "[calsweep 1/2] done" in first, first[-3000:]
     assert "TrainingReport(" not in first and "row/s]" not in first  # workers' output only with --verbose
     if not torch.cuda.is_available():  # layouts planned as before detection; the run's sweep.yaml keeps the value
