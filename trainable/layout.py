@@ -254,8 +254,9 @@ def scoring_activation_bytes(shape: ModelShape, tokens: int) -> float:
 
 def load_bytes(shape: ModelShape, workers: int, engine: str, replicas: int = 1) -> float:
     """What loading the model holds per GPU before training. DeepSpeed: the whole float32 model (4P) on every GPU
-    before its engine partitions or casts it. FSDP2 on one GPU: the same, and a copy of one tensor in flight as
-    FSDP2 takes it (the largest, the embedding). FSDP2 across GPUs (``trainable.sharded_load``): built on the meta
+    before its engine partitions or casts it. FSDP2 on one GPU: the same, and a copy of the root module's tensors in
+    flight as FSDP2 takes them at once: the embedding, and an untied LM head (8B on an H200: 4P + 2 x 4VD measured
+    to the MiB; tied 1B: 4P + 4VD). FSDP2 across GPUs (``trainable.sharded_load``): built on the meta
     device, a rank allocates its float32 shards (4P/N over a replica group's N ranks), a copy of one shard in flight
     (FSDP2 copies each new shard into its own storage) and, for stored weights broadcast from rank 0, one whole
     float32 tensor at a time: the embedding (a random init draws in place; counted all the same)."""
@@ -263,7 +264,7 @@ def load_bytes(shape: ModelShape, workers: int, engine: str, replicas: int = 1) 
     if engine != "fsdp2":
         return 4 * shape.params
     if workers == 1:
-        return 4 * shape.params + largest
+        return 4 * shape.params + largest * (1 if shape.tied else 2)
     shards = workers // replicas
     return 4 * shape.params / shards + largest / shards + largest + NCCL_BUFFER_BYTES
 
