@@ -33,8 +33,8 @@ per path:
   question to this trial's first optimiser step), as means over the trials that follow another on their GPU; and
   each new actor's start (its process's start to its trial's: Ray's worker, imports, Tune's set-up), apart from
   Tune's scheduling before it (the previous trial's row to that process's start);
-- train and scoring seconds per trial, and each trial's seconds by phase: load, attention check, compile warm-up,
-  training, scoring (``phase_seconds``);
+- train and scoring seconds per trial, and each trial's seconds by phase: load, attention check, compile warm-up
+  (and of it, torch's own compiling), training, scoring (``phase_seconds``);
 - GPU-hours: predicted (``sweeps.layout_report.predicted_gpu_hours``: training plus load, start, compile, scoring,
   ``sweeps/trial_cost.py``) against measured (each trial's wall time x GPUs held), as the launch's last line says;
 - memory (``trainable.trial_memory``): each trial's host RSS in start order (a warm actor's growth shows there),
@@ -188,10 +188,12 @@ def trial_spans(rows: list[dict], records: list[dict]) -> list[dict]:
 
 def phase_seconds(row: dict) -> dict[str, float | None]:
     """A stored trial's seconds by phase: load (the attention check left out), attention check, compile warm-up
-    (``wall_warmup_s``: the warm-up steps, compiling), training (the warm-up included) and scoring."""
+    (``wall_warmup_s``: the warm-up steps, compiling), of it torch's compiling (``compile_s``), training (the warm-up
+    included) and scoring."""
     load, check = row.get("wall_load_s"), row.get("wall_check_s")
     return {"load_s": None if load is None else load - (check or 0.0), "check_s": check,
-            "warmup_s": row.get("wall_warmup_s"), "train_s": row.get("wall_train_s"), "score_s": row.get("wall_eval_s")}
+            "warmup_s": row.get("wall_warmup_s"), "compile_s": row.get("compile_s"), "train_s": row.get("wall_train_s"),
+            "score_s": row.get("wall_eval_s")}
 
 
 def gpu_hours(results: Path, rows: list[dict]) -> dict[str, float | None]:
@@ -428,14 +430,14 @@ def trial_table(path: str, summary: dict) -> str:
     def cell(value: float | None, form: str) -> str:
         return "-" if value is None else format(value, form)
 
-    phases = ("load_s", "check_s", "warmup_s", "train_s", "score_s")
+    phases = ("load_s", "check_s", "warmup_s", "compile_s", "train_s", "score_s")
     lines = [f"{path}: {'trial':<44} {'status':<7} {'start s':>8} {'end s':>8} GPUs  {'layout':<12} "
-             f"{'load':>6} {'check':>6} {'warmup':>6} {'train':>6} {'score':>6} "
+             f"{'load':>6} {'check':>6} {'warmup':>6} {'compile':>7} {'train':>6} {'score':>6} "
              f"{'tok/s/GPU':>10} {'bench row':<20} {'row tok/s':>10} {'vs row':>7}"]
     for t in summary.get("by_trial", []):
         lines.append(f"{'':{len(path) + 2}}{t['trial_id']:<44} {t['status']:<7} {t['start_s']:>8.1f} "
                      f"{t['end_s']:>8.1f} {t['gpus']:>4}  {t['layout']:<12} "
-                     + "".join(f"{cell(t.get(k), '.1f'):>6} " for k in phases) +
+                     + "".join(f"{cell(t.get(k), '.1f'):>{7 if k == 'compile_s' else 6}} " for k in phases) +
                      f"{cell(t['tokens_per_s_per_gpu'], ',.0f'):>10} {t['bench_row'] or '-':<20} "
                      f"{cell(t['bench_tokens_per_s_per_gpu'], ',.0f'):>10} {cell(t['vs_bench'], '.3f'):>7}")
     return "\n".join(lines)

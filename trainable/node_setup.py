@@ -4,7 +4,8 @@ Compile once per node: Inductor caches the code it generates for a graph (the FX
 the joint forward and backward it derives (the autograd cache). Both are on by default but live in
 ``/tmp/torchinductor_<user>``, which containers and reboots lose; ``use_node_compile_cache`` points them (and the
 Triton kernels kept below them) at ``<root>/inductor``, so a later trial of the same model shape on the node reads
-compiled graphs instead of compiling them, and ``compile_cache_counts`` says how many it found there.
+compiled graphs instead of compiling them, and ``compile_counts`` says how many it found there and how long torch
+spent compiling.
 
 Nothing built per trial: DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce
 (``deepspeed_shm_comm``, C++, one to two minutes on a fresh machine) when its comm backend starts. Only its
@@ -39,14 +40,27 @@ def use_node_compile_cache(root: Path) -> Path:
     return Path(os.environ[CACHE_DIR_ENV])
 
 
-def compile_cache_counts() -> dict[str, int]:
-    """Graphs this process read from (hits) or added to (misses) the compile caches so far."""
-    from torch._dynamo.utils import counters
+# torch's own compile timers (``torch._dynamo.utils.compile_times``) that together time a compile: Dynamo's frames
+# with their AOTAutograd and Inductor work, and backward graphs compiled at their first backward; neither nests the other
+COMPILE_TIMERS = ("_compile.compile_inner", "backward._backward_impl")
 
+
+def compile_counts() -> dict[str, float]:
+    """What this process compiled so far: graphs read from (hits) or added to (misses) the node's compile caches,
+    and ``compile_s``, the seconds torch spent compiling (``COMPILE_TIMERS``)."""
+    from torch._dynamo.utils import compile_times, counters
+
+    names, seconds = compile_times(repr="csv", aggregate=True)
     return {"compile_fx_hits": counters["inductor"]["fxgraph_cache_hit"],
             "compile_fx_misses": counters["inductor"]["fxgraph_cache_miss"],
             "compile_autograd_hits": counters["aot_autograd"]["autograd_cache_hit"],
-            "compile_autograd_misses": counters["aot_autograd"]["autograd_cache_miss"]}
+            "compile_autograd_misses": counters["aot_autograd"]["autograd_cache_miss"],
+            "compile_s": sum(float(s) for name, s in zip(names, seconds) if name in COMPILE_TIMERS)}
+
+
+def compile_counts_since(before: dict[str, float]) -> dict[str, float]:
+    """``compile_counts`` from the snapshot ``before`` on: a warm actor's trial counts its own compiles alone."""
+    return {name: value - before[name] for name, value in compile_counts().items()}
 
 
 def skip_deepspeed_shm_op() -> None:

@@ -73,11 +73,13 @@ class TrialResult:
     wall_total_s: float | None
     model_path: str | None  # the trained model's Hugging Face folder (train.save_model), else None
     node_id: str | None  # the Ray node its rank 0 trained on (null in older files and failed rows)
-    # compiled graphs read from (hits) or added to (misses) the node's caches (trainable.node_setup)
+    # this trial's compiled graphs read from (hits) or added to (misses) the node's caches, and the seconds torch
+    # spent compiling them (trainable.node_setup.compile_counts_since its start)
     compile_fx_hits: int | None
     compile_fx_misses: int | None
     compile_autograd_hits: int | None
     compile_autograd_misses: int | None
+    compile_s: float | None
     task_metrics: dict[str, float] = field(default_factory=dict)  # <task>_<metric> (calibration.summary)
     entropy: dict[str, float] = field(default_factory=dict)  # ENTROPY_STATS; {} where not measured
 

@@ -38,7 +38,7 @@ from trainable import fsdp2_engine, fsdp2_weights, trial_memory, zero3_scoring
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.result import TrialResult
 from common.models import ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, resolve_model
-from trainable.node_setup import compile_cache_counts, prepare_node, ray_node_id
+from trainable.node_setup import compile_counts, compile_counts_since, prepare_node, ray_node_id
 from trainable.recompute import checkpointed_count, recomputed_layers
 from trainable.sharded_load import sharded_model
 from trainable.sequence_packing import (iterate_packed_batches, packed_row_count, pad_multiple,
@@ -137,7 +137,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
     """
     if resume_from is not None and (resume_from / checkpointing.FINAL_FILE).is_file():
         return _report_finished(trial, resume_from, rank, report, writers)
-    started = time.time()
+    started, compiled = time.time(), compile_counts()
     peaks = trial_memory.PhasePeaks(device)
     with trial_memory.peak_on_out_of_memory(device):  # an out-of-memory error carries this rank's peak
         setup = set_up(trial, device, rank, world_size, resume_from, peaks)
@@ -152,7 +152,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
             with peaks.phase("score"):
                 scored = score(trial, setup, device, rank, world_size, writers)
             result = trial_result(trial, setup, trained, scored, device, world_size, model_path,
-                                  time.time() - started, peaks)
+                                  time.time() - started, peaks, compile_counts_since(compiled))
         finally:  # ZeRO's gradient hooks live in autograd's C++ nodes: until removed, the engine outlives the
             # trial (FSDP2's engine frees its optimizer states)
             setup.engine.destroy()
@@ -457,9 +457,10 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
 
 
 def trial_result(trial: TrialConfig, setup: TrialSetup, trained: Training, scored: Scores, device: torch.device,
-                 world_size: int, model_path: str | None, total_s: float,
-                 peaks: trial_memory.PhasePeaks) -> TrialResult:
-    """The phases' measurements as one ``TrialResult``; throughput counts every rank's tokens."""
+                 world_size: int, model_path: str | None, total_s: float, peaks: trial_memory.PhasePeaks,
+                 compiled: dict[str, float]) -> TrialResult:
+    """The phases' measurements as one ``TrialResult``; throughput counts every rank's tokens; ``compiled`` is
+    ``node_setup.compile_counts_since`` the trial's start."""
     clock, facts, engine = trained.clock, setup.facts, setup.engine
     predicted = trial_memory.predicted_phase_peaks_gib(
         setup.model.config, facts["n_params"], trial, trial_engine(engine), engine.zero_optimization_stage(),
@@ -486,7 +487,7 @@ def trial_result(trial: TrialConfig, setup: TrialSetup, trained: Training, score
         gpu_phase_peaks=trial_memory.phase_table(peaks.gib, predicted), gpu_alloc_retries=peaks.alloc_retries(),
         host_rss_gib=trial_memory.host_rss_gib(),
         wall_load_s=setup.load_s, wall_check_s=setup.check_s, wall_train_s=train_s, wall_eval_s=scored.eval_s, wall_total_s=total_s,
-        model_path=model_path, node_id=ray_node_id(), **compile_cache_counts(),
+        model_path=model_path, node_id=ray_node_id(), **compiled,
         task_metrics=flat_metrics(scored.summary), entropy=scored.entropy)
 
 

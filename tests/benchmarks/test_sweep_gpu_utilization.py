@@ -248,10 +248,10 @@ def test_runs_warm_and_cold_sweeps_on_the_cpu(cpu_runs):
         assert figures["gpu_peak_gib_max"] is None  # no GPU
         for trial in figures["by_trial"]:  # each trial's phases; the check's seconds are part of the load's
             assert trial["load_s"] > 0 and trial["check_s"] > 0 and trial["train_s"] >= trial["warmup_s"] > 0
-            assert trial["score_s"] > 0
+            assert trial["score_s"] > 0 and trial["compile_s"] is not None  # the trial's own (compile: CUDA only)
         assert "gpu_hours_measured" not in figures  # a CPU sweep holds no GPUs
     assert "overhead per trial, mean / max" in run.stdout and "GPU busy" in run.stdout
-    assert "GPU-hours predicted / measured" in run.stdout and " check " in run.stdout
+    assert "GPU-hours predicted / measured" in run.stdout and " check " in run.stdout and " compile " in run.stdout
 
 
 @pytest.mark.slow
