@@ -9,13 +9,16 @@ forward passes ``use_cache=False`` so that one graph serves every layer of a kin
 
 SDPA's kernel is chosen when a graph is traced, under the ``sdpa_kernel`` flags of that moment, and Dynamo does not
 guard those flags: a graph traced inside one ``sdpa_kernel`` block would serve a later block under another kernel
-set (a warm actor's next trial, a benchmark's next path) with the kernel it traced. So the kernel set enabled when
-the block is entered is entered again inside each compiled forward, where it is one of the graph's guards."""
+set (a warm actor's next trial, a benchmark's next path) with the kernel it traced. So each kernel set compiles a
+function of its own code object (Dynamo keeps graphs per code object), entered under that set. The set is not
+entered inside the graph: AOTAutograd's cache refuses a graph that calls ``sdpa_kernel``, and the node's compile
+cache then held Inductor's code alone, every later process tracing the joint forward and backward again."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from typing import Any, Callable, Iterator
 
 import torch
@@ -38,7 +41,8 @@ def compiled_decoder_layers(model: nn.Module, enabled: bool = True, backend: Any
     before = [layer.__dict__.get("forward") for layer in layers]  # a wrapper set before (activation recompute)
     attention = tuple(_cur_sdpa_kernel_backends())
     for layer in layers:
-        layer.forward = torch.compile(_attending_with(layer.forward, attention), backend=backend)
+        layer.forward = _attending_with(torch.compile(_forward_of(layer.forward, attention), backend=backend),
+                                        attention)
     limit = max(torch._dynamo.config.recompile_limit, len(layers))
     try:
         with torch._dynamo.config.patch(recompile_limit=limit):
@@ -51,13 +55,32 @@ def compiled_decoder_layers(model: nn.Module, enabled: bool = True, backend: Any
 
 
 def _attending_with(forward: Callable, attention: tuple[SDPBackend, ...]) -> Callable:
-    """``forward`` run inside ``sdpa_kernel(attention)``: traced by Dynamo, the kernel set is a guard of the graph."""
+    """``forward`` run inside ``sdpa_kernel(attention)``."""
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
         with sdpa_kernel(list(attention)):
             return forward(*args, **kwargs)
     return run
+
+
+def _calling(forward: Callable) -> Callable:
+    def call(*args, **kwargs):
+        return forward(*args, **kwargs)
+    return call
+
+
+@functools.cache
+def _code_for(attention: tuple[SDPBackend, ...]) -> types.CodeType:
+    """``_calling``'s inner code, one object per kernel set (named after it)."""
+    name = "forward_under_" + "_".join(backend.name.lower() for backend in attention)
+    return _calling(None).__code__.replace(co_name=name)
+
+
+def _forward_of(forward: Callable, attention: tuple[SDPBackend, ...]) -> Callable:
+    """A function calling ``forward`` whose code object is the kernel set's (``_code_for``)."""
+    code = _code_for(attention)
+    return types.FunctionType(code, globals(), code.co_name, None, (types.CellType(forward),))
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

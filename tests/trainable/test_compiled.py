@@ -1,4 +1,5 @@
-"""Compiled decoder layers give the eager loss and gradients, and the eager forwards come back afterwards."""
+"""Compiled decoder layers give the eager loss and gradients through one graph AOTAutograd's cache keeps, each block
+traces under the SDPA kernels enabled on entering it, and the eager forwards come back afterwards."""
 
 import pytest
 import torch
@@ -29,13 +30,16 @@ def test_compiled_layers_match_eager_and_are_undone():
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
     eager_loss, eager_grads = _loss_and_grads(wrapped, batch)
     counters.clear()
-    with compiled_decoder_layers(model) as n:
+    with torch._functorch.config.patch(enable_autograd_cache=True), compiled_decoder_layers(model) as n:
         assert n == 10
         assert all("forward" in vars(layer) for layer in model.model.layers)
         loss, grads = _loss_and_grads(wrapped, batch)
     # 10 layers, more than Dynamo's default recompile limit (8): every layer ran compiled, through one graph
     assert counters["frames"]["ok"] == counters["frames"]["total"] > 0 and not counters["unimplemented"]
     assert counters["stats"]["unique_graphs"] == 1
+    # a graph AOTAutograd's cache keeps (an ``sdpa_kernel`` call in it made the cache pass it by)
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == 0
+    assert counters["aot_autograd"]["autograd_cache_miss"] + counters["aot_autograd"]["autograd_cache_hit"] == 1
     assert not any("forward" in vars(layer) for layer in model.model.layers)
     # float32 on CPU; fused kernels reorder sums: tolerance of a few float32 ulps of the values
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
