@@ -65,6 +65,8 @@ def _attending_with(forward: Callable, attention: tuple[SDPBackend, ...]) -> Cal
 
 
 def _calling(forward: Callable) -> Callable:
+    """A function calling ``forward``: its code is the template ``_code_for`` copies."""
+
     def call(*args, **kwargs):
         return forward(*args, **kwargs)
     return call
