@@ -20,7 +20,8 @@ LIBRARY = ("common", "kernels", "calibration", "trainable", "sweeps")
 TORCH_APIS = {
     "torch": "2.0", "torch.nn": "2.0", "torch.nn.functional": "2.0", "torch.distributed": "2.0",
     "torch.distributed.checkpoint": "2.0", "torch.utils.checkpoint.checkpoint": "2.0",
-    "torch._dynamo.utils.counters": "2.0", "torch._inductor.config": "2.0", "torch._functorch.config": "2.0",
+    "torch._dynamo.utils.counters": "2.0",
+    "torch._dynamo.utils.compile_times": "2.0", "torch._inductor.config": "2.0", "torch._functorch.config": "2.0",
     "torch.distributed.device_mesh.init_device_mesh": "2.2", "torch.distributed.device_mesh.DeviceMesh": "2.2",
     "torch.overrides.TorchFunctionMode": "2.0", "torch.nn.attention.SDPBackend": "2.3", "torch.nn.attention.sdpa_kernel": "2.3",
     "torch.nn.attention._cur_sdpa_kernel_backends": "2.3",  # private: what sdpa_kernel itself saves on entering
@@ -36,6 +37,7 @@ TORCH_APIS = {
     "torch.distributed.fsdp.fully_shard": "2.6",  # FSDP2 public (was torch.distributed._composable.fsdp)
     "torch.distributed.fsdp.FSDPModule": "2.6",
     "torch.distributed.fsdp.MixedPrecisionPolicy": "2.6",
+    "torch._dynamo.eval_frame._debug_get_cache_entry_list": "2.1",  # private: Dynamo's graphs of a code object
     "torch._dynamo.config.recompile_limit": "2.7",  # was cache_size_limit (renamed after 2.6 branched)
 }
 

@@ -4,8 +4,11 @@ Scoring afterwards runs the eager forwards again (its shapes vary batch to batch
 
 All layers share one code object, so Dynamo counts every layer whose guards differ (a KV cache's per-layer
 state, Gemma's sliding and global layers) as a recompile of it; past its ``recompile_limit`` (8) the remaining
-layers would silently run eager. The limit is raised to the number of layers for the block, and the training
-forward passes ``use_cache=False`` so that one graph serves every layer of a kind.
+layers would silently run eager. The limit is raised for the block to the number of layers plus the graphs the
+code object already holds (a warm actor's earlier trials), and the training forward passes ``use_cache=False`` so
+that one graph serves every layer of a kind. Graphs are static (``dynamic=False``): a warm actor's next trial of
+another shape (family, micro-batch, sequence length) compiles graphs of its own shapes, as a fresh process and the
+benchmark do, where Dynamo's automatic dynamic shapes would recompile the layers for symbolic sizes.
 
 SDPA's kernel is chosen when a graph is traced, under the ``sdpa_kernel`` flags of that moment, and Dynamo does not
 guard those flags: a graph traced inside one ``sdpa_kernel`` block would serve a later block under another kernel
@@ -23,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends, sdpa_kernel
 
 
@@ -41,9 +45,12 @@ def compiled_decoder_layers(model: nn.Module, enabled: bool = True, backend: Any
     before = [layer.__dict__.get("forward") for layer in layers]  # a wrapper set before (activation recompute)
     attention = tuple(_cur_sdpa_kernel_backends())
     for layer in layers:
-        layer.forward = _attending_with(torch.compile(_forward_of(layer.forward, attention), backend=backend),
+        layer.forward = _attending_with(torch.compile(_forward_of(layer.forward, attention), backend=backend,
+                                                      dynamic=False),
                                         attention)
-    limit = max(torch._dynamo.config.recompile_limit, len(layers))
+    # the code object's graphs of earlier blocks (a warm actor's earlier trials) count towards the limit too
+    earlier = len(_debug_get_cache_entry_list(_code_for(attention))) if layers else 0
+    limit = max(torch._dynamo.config.recompile_limit, earlier + len(layers))
     try:
         with torch._dynamo.config.patch(recompile_limit=limit):
             yield len(layers)
