@@ -5,8 +5,9 @@ micro-batch a divisor of the step's sequences per GPU; the fewest checkpointed d
 predicted peak (the largest of ``phase_peaks``) is within the GPU's budget, ranked by GPU-seconds per token
 (when the stage is chosen too: ZeRO-0 on one GPU, ZeRO-2 or 3 across GPUs, since ZeRO-1 partitions less than
 ZeRO-2 for the same traffic):
-    cost = N / (MFU(stage, N) x recompute(k)),   recompute(k) = 1 / (1 + k / (3 L))
-(re-running k of L layers' forwards adds k/L of a forward, a third of a step's FLOPs). MFU per stage is the
+    cost = N x m / (MFU(stage, N) x recompute(k)),   recompute(k) = 1 / (1 + k / (3 L))
+(re-running k of L layers' forwards adds k/L of a forward, a third of a step's FLOPs; m > 1 for a micro-batch below
+the largest allowed, ``SMALLER_MICRO_BATCH_COST``). MFU per stage is the
 recorded one (``RECORDED_MFU``). Ties go to fewer GPUs, then the lower stage. The tokens of an optimiser step
 (sequences x length) stay what the config says, however many GPUs share them.
 
@@ -32,9 +33,13 @@ gradients and AdamW moments sharded and gathers bf16 copies per layer:
 (N the ranks a parameter is sharded over: every rank, or under HSDP a node's, below) with s the largest ratio over
 every recorded FSDP2 peak (``FSDP2_ACTIVATION_SCALE``), so the prediction bounds
 them all: 1.08 with one micro-batch a step (the 1B shape's packed Alpaca rows set it; the 8B shape peaks well
-below, as its float32 gradients appear while its backward frees the activations), 2.25 with accumulation (a later
-micro-batch runs with every gradient held: 8B alone on an H200 at micro-batch 1 x 4 sets it; at 2 x 8 it ran out
-of memory at 137.4 GiB: docs/measurements/2026-11-27-one-gpu-fsdp2). FSDP2's caching allocator reserves 13-15%
+below, as its float32 gradients appear while its backward frees the activations), 1.5 with accumulation (a later
+micro-batch runs with every gradient held). With accumulation the root module's gradient (embedding and an untied
+head, 2VD for 8B) also arrives as a new float32 shard, 4 x root / N bytes, while the accumulated one is held:
+    FSDP2, accumulating:  16P/N + 1.5 VD + 1.5 x activations + 4 (VD or 2VD) / N
+(8B at micro-batch 1 x 2 and 1 x 4, 0-24 layers recomputed, one and two GPUs: 0.994-0.999x; 2.25 x the activations
+alone predicted 0.965-1.012x: a mixed-grid trial at 1 x 4 with 22 recomputed peaked above it; at 2 x 8 one H200 ran
+out of memory at 137.4 GiB: docs/measurements/2026-11-27-one-gpu-fsdp2). FSDP2's caching allocator reserves 13-15%
 over its allocated peak near a GPU's edge (8B on two H100s at micro-batch 2: 77.5 GiB reserved for 68.6
 allocated, 30 cudaMalloc retries in 13 steps and half the rate), so its plans keep ``ALLOCATOR_SLACK["fsdp2"]``
 free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's (``planned_stage``).
@@ -79,13 +84,19 @@ RECORDED_MFU = {(0, False): 0.41, (0, True): 0.41, (1, True): 0.45, (2, True): 0
 RECORDED_MFU_FSDP2 = {False: 0.44, True: 0.40}
 FSDP2_HEAD_BYTES = 1.5  # per LM-head parameter: its gathered bf16 copy and gradient (fitted)
 # of ``activation_bytes``, by accumulation (> 1 micro-batch a step): the bound of the recorded peaks (docstring)
-FSDP2_ACTIVATION_SCALE = {False: 1.08, True: 2.25}
+FSDP2_ACTIVATION_SCALE = {False: 1.08, True: 1.5}
 # DeepSpeed's ZeRO-0/1/2 training peak over the model above: the largest ratio of the recorded runs (a 1B ZeRO-2
 # trial's first step on two H100s, 1.059; the rest 0.94-1.06), so the prediction bounds them all within 15%. ZeRO-3
 # runs on FSDP2 unless asked; DeepSpeed's ZeRO-3 stays unscaled, within 10% either way (0.92-1.09: no one factor
 # bounds both the 1B and the 8B shape's and still fits 8B on two H100s, where it peaked at 69.1 GiB)
 DEEPSPEED_PEAK_SCALE = {0: 1.06, 1: 1.06, 2: 1.06, 3: 1.0}
 STAGES = (0, 1, 2, 3)
+# a micro-batch below the largest the config allows, by (FSDP2 across GPUs): smaller products and more steps of the loop (3%), and for
+# FSDP2 across GPUs its gathers and reduce-scatters of every weight repeated per micro-batch: 8B on two H200s at
+# micro-batch 1 x 2, nothing recomputed, ran 6,819 tokens/s per GPU against 8,226 at 2 x 1 with 12 of 32 layers
+# recomputed (one call: docs/measurements/2026-11-27-loop-fsdp2): 1.21 x 1.125 recompute = 1.36;
+# on one GPU 1 x 4 ran as fast as 2 x 1 (7,291 and 7,129)
+SMALLER_MICRO_BATCH_COST = {False: 1.03, True: 1.36}
 ENGINE_NAMES = {"deepspeed": "ZeRO-{stage}", "fsdp2": "FSDP2 (ZeRO-3 layout)"}  # FSDP2 on one GPU: "FSDP2"
 
 
@@ -225,7 +236,10 @@ def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, se
     its HSDP replica groups)."""
     activations = activation_bytes(shape, micro_batch * seq_len, checkpointed)
     if engine == "fsdp2":
-        return fsdp2_state_bytes(shape, workers, replicas) + FSDP2_ACTIVATION_SCALE[accumulation > 1] * activations
+        accumulating = accumulation > 1
+        root_gradient = 4 * shape.vocab * shape.hidden * (1 if shape.tied else 2) / (workers // replicas)
+        return fsdp2_state_bytes(shape, workers, replicas) + FSDP2_ACTIVATION_SCALE[accumulating] * activations \
+            + accumulating * root_gradient
     return DEEPSPEED_PEAK_SCALE[stage] * (state_bytes(shape, stage, workers, zero) + activations)
 
 
@@ -326,8 +340,8 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
     """Every layout that fits: per (GPUs, stage, HSDP replicas, micro-batch up to ``micro_batch`` dividing the GPU's
     share of the step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none,
     True for all, or a count), with ``zero_buckets``' default buckets; ZeRO-3 on ``preferred_engine``; FSDP2 over
-    more GPUs than ``gpus_per_node`` also as HSDP (``hsdp_replicas``). A micro-batch below the config's costs 3%
-    (smaller products, more steps of the loop)."""
+    more GPUs than ``gpus_per_node`` also as HSDP (``hsdp_replicas``). A micro-batch below the largest the config and
+    the GPU's share allow costs ``SMALLER_MICRO_BATCH_COST``: FSDP2 gathers and reduce-scatters every weight once a micro-batch."""
     fitting = []
     for n in workers:
         if sequences_per_step % n:
@@ -338,6 +352,7 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                 continue  # choosing: ZeRO-0 on one GPU (nothing to partition), ZeRO-2 or 3 across GPUs
             engine = layout_engine(stage, n, preferred_engine)
             mfu = recorded_mfu(engine, stage, n)
+            largest = max(d for d in _divisors(share) if d <= micro_batch)
             for micro, replicas in ((d, r) for d in _divisors(share) if d <= micro_batch
                                     for r in hsdp_replicas(n, gpus_per_node if engine == "fsdp2" else None)):
                 wide = False  # zero_buckets' default (see there)
@@ -348,7 +363,7 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                 k = next((k for k in layers if peaks[k] <= budget_bytes(gpu_memory_bytes, engine)), None)
                 if k is None:
                     continue
-                slower = 1.03 if micro < micro_batch else 1.0
+                slower = SMALLER_MICRO_BATCH_COST[engine == "fsdp2" and n > 1] if micro < largest else 1.0
                 cost = n / (mfu / (1 + k / (3 * shape.layers))) * slower
                 fitting.append(Layout(n, stage, micro, share // micro, k, peaks[k], cost, wide, engine, replicas))
     return fitting

@@ -4,6 +4,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from common.models import REGISTRY
@@ -58,6 +59,24 @@ def test_memory_model_bounds_the_measured_peaks(record):
         assert predicted == pytest.approx(record["peak_gib"], rel=0.10)
 
 
+TRIAL_ROWS = sorted((MEASUREMENTS / "2026-11-28e-h200x4" / "trials_250").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("path", TRIAL_ROWS, ids=lambda p: p.stem[-30:])
+def test_memory_model_bounds_the_stored_trials_training_peaks(path):
+    """The training phase of the stored mixed-grid trials (4 x H200, 8B alone on a GPU at micro-batch 1 x 4 with 22
+    layers recomputed, 1B at 4 x 1), re-predicted from each row's layout: at or above the measured peak and within
+    15%. The model of their day predicted 8B's 127.55 GiB as 126.07 (2.25 x the activations with accumulation)."""
+    (row,) = pq.read_table(path).to_pylist()
+    config = json.loads(row["config_json"])
+    shape = ModelShape.from_config(config["custom_models"][row["family"]]["config"])
+    predicted = peak_bytes(shape, row["zero_stage"], row["world_size"], row["micro_batch_size"],
+                           config["sft"]["max_seq_len"], row["activation_checkpointing"], engine=row["engine"],
+                           accumulation=row["gradient_accumulation_steps"]) / GIB
+    measured = json.loads(row["gpu_phase_peaks"])["train"][0]
+    assert 0.85 * predicted <= measured <= predicted, (measured, predicted)
+
+
 def test_records_cover_every_stage_and_recompute():
     measured = _measured()
     assert {r["zero_stage"] for r in measured} == {0, 2, 3} and {r["gpus"] for r in measured} == {1, 2}
@@ -98,8 +117,9 @@ def test_cheapest_layouts():
     # sequences nothing recomputed peaked at 123.6 GiB with 138.9 reserved (the GPU's edge): both are planned with
     # recomputed layers, at micro-batch 1 with accumulation
     assert peak_bytes(eight_b, 0, 1, 2, 2048, 0, engine="fsdp2", accumulation=8) > budget_bytes(H200, "fsdp2")
+    # (a mixed-grid trial at 1 x 4 with 22 recomputed peaked at 127.55 GiB, over the 126.2 the plan may allocate)
     many = plan_layout(eight_b, 2048, 16, 2, H200, preferred_engine="fsdp2")
-    assert (many.workers, many.micro_batch_size, many.checkpointed) == (1, 1, 22)
+    assert (many.workers, many.micro_batch_size, many.checkpointed) == (1, 1, 30)
     alone = plan_layout(eight_b, 2048, 2, 2, H200, preferred_engine="fsdp2")
     assert (alone.workers, alone.engine, alone.micro_batch_size, alone.checkpointed) == (1, "fsdp2", 2, 21)
 

@@ -114,8 +114,9 @@ def test_32b_fits_one_node_with_recomputation_and_no_fewer_gpus(node):
 def test_the_dry_run_prints_the_plans_their_gpu_hours_and_why_not_hsdp(data_dir, tmp_path, capsys):
     assert main(["--config", str(NODE), "--dry-run", "--data-dir", data_dir, "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "  llama-70b: 32 GPUs, FSDP2 (ZeRO-3 layout), micro-batch 1 x 4, " in out
-    assert "  llama-14b: 4 GPUs, FSDP2 (ZeRO-3 layout), micro-batch 1 x 32, " in out
+    # FSDP2 across GPUs keeps its micro-batch and recomputes layers rather than gather every weight per micro-batch
+    assert "  llama-70b: 32 GPUs, FSDP2 (ZeRO-3 layout), micro-batch 2 x 2, " in out
+    assert "  llama-14b: 4 GPUs, FSDP2 (ZeRO-3 layout), micro-batch 2 x 16, " in out
     assert "  llama-32b: 8 GPUs, FSDP2 (ZeRO-3 layout), " in out
     assert "or 8 GPUs, ZeRO-2, micro-batch 1 x 16; peak " in out
     assert "llama-70b: not HSDP: 2 replicas x 16 shards would peak at " in out
