@@ -20,8 +20,8 @@ LIBRARY = ("common", "kernels", "calibration", "trainable", "sweeps")
 TORCH_APIS = {
     "torch": "2.0", "torch.nn": "2.0", "torch.nn.functional": "2.0", "torch.distributed": "2.0",
     "torch.distributed.checkpoint": "2.0", "torch.utils.checkpoint.checkpoint": "2.0",
-    "torch._dynamo.utils.counters": "2.0",
-    "torch._dynamo.utils.compile_times": "2.0", "torch._inductor.config": "2.0", "torch._functorch.config": "2.0",
+    "torch._dynamo.utils.counters": "2.0", "torch._dynamo.utils.compile_times": "2.0",
+    "torch._inductor.config": "2.0", "torch._functorch.config": "2.0",
     "torch.distributed.device_mesh.init_device_mesh": "2.2", "torch.distributed.device_mesh.DeviceMesh": "2.2",
     "torch.overrides.TorchFunctionMode": "2.0", "torch.nn.attention.SDPBackend": "2.3", "torch.nn.attention.sdpa_kernel": "2.3",
     "torch.nn.attention._cur_sdpa_kernel_backends": "2.3",  # private: what sdpa_kernel itself saves on entering

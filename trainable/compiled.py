@@ -49,7 +49,7 @@ def compiled_decoder_layers(model: nn.Module, enabled: bool = True, backend: Any
                                                       dynamic=False),
                                         attention)
     # the code object's graphs of earlier blocks (a warm actor's earlier trials) count towards the limit too
-    earlier = len(_debug_get_cache_entry_list(_code_for(attention))) if layers else 0
+    earlier = len(_debug_get_cache_entry_list(_code_for(attention)))
     limit = max(torch._dynamo.config.recompile_limit, earlier + len(layers))
     try:
         with torch._dynamo.config.patch(recompile_limit=limit):

@@ -91,11 +91,11 @@ FSDP2_ACTIVATION_SCALE = {False: 1.08, True: 1.5}
 # bounds both the 1B and the 8B shape's and still fits 8B on two H100s, where it peaked at 69.1 GiB)
 DEEPSPEED_PEAK_SCALE = {0: 1.06, 1: 1.06, 2: 1.06, 3: 1.0}
 STAGES = (0, 1, 2, 3)
-# a micro-batch below the largest the config allows, by (FSDP2 across GPUs): smaller products and more steps of the loop (3%), and for
-# FSDP2 across GPUs its gathers and reduce-scatters of every weight repeated per micro-batch: 8B on two H200s at
-# micro-batch 1 x 2, nothing recomputed, ran 6,819 tokens/s per GPU against 8,226 at 2 x 1 with 12 of 32 layers
-# recomputed (one call: docs/measurements/2026-11-27-loop-fsdp2): 1.21 x 1.125 recompute = 1.36;
-# on one GPU 1 x 4 ran as fast as 2 x 1 (7,291 and 7,129)
+# the cost of a micro-batch below the largest allowed, by (FSDP2 across GPUs): smaller products and more steps of
+# the loop (3%); across GPUs FSDP2 also gathers and reduce-scatters every weight once a micro-batch: 8B on two H200s
+# at micro-batch 1 x 2, nothing recomputed, ran 6,819 tokens/s per GPU against 8,226 at 2 x 1 with 12 of 32 layers
+# recomputed (one call: docs/measurements/2026-11-27-loop-fsdp2): 1.21 x 1.125 recompute = 1.36; on one GPU 1 x 4
+# ran as fast as 2 x 1 (7,291 and 7,129)
 SMALLER_MICRO_BATCH_COST = {False: 1.03, True: 1.36}
 ENGINE_NAMES = {"deepspeed": "ZeRO-{stage}", "fsdp2": "FSDP2 (ZeRO-3 layout)"}  # FSDP2 on one GPU: "FSDP2"
 
@@ -131,8 +131,13 @@ class ModelShape:
                    int(heads))
 
     @property
+    def embedding_params(self) -> int:
+        """The embedding's and an untied LM head's: V x D, or 2 V x D untied (FSDP2's root module holds them)."""
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    @property
     def layer_params(self) -> int:
-        return (self.params - self.vocab * self.hidden * (1 if self.tied else 2)) // self.layers
+        return (self.params - self.embedding_params) // self.layers
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (``trainable.throughput``) of the weights that multiply: all but an untied
@@ -237,7 +242,7 @@ def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, se
     activations = activation_bytes(shape, micro_batch * seq_len, checkpointed)
     if engine == "fsdp2":
         accumulating = accumulation > 1
-        root_gradient = 4 * shape.vocab * shape.hidden * (1 if shape.tied else 2) / (workers // replicas)
+        root_gradient = 4 * shape.embedding_params / (workers // replicas)
         return fsdp2_state_bytes(shape, workers, replicas) + FSDP2_ACTIVATION_SCALE[accumulating] * activations \
             + accumulating * root_gradient
     return DEEPSPEED_PEAK_SCALE[stage] * (state_bytes(shape, stage, workers, zero) + activations)
@@ -278,7 +283,7 @@ def load_bytes(shape: ModelShape, workers: int, engine: str, replicas: int = 1) 
     if engine != "fsdp2":
         return 4 * shape.params
     if workers == 1:
-        return 4 * shape.params + largest * (1 if shape.tied else 2)
+        return 4 * shape.params + 4 * shape.embedding_params
     shards = workers // replicas
     return 4 * shape.params / shards + largest / shards + largest + NCCL_BUFFER_BYTES
 
@@ -341,19 +346,19 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
     share of the step) the fewest checkpointed layers that fit (``checkpointing``: None to choose, False for none,
     True for all, or a count), with ``zero_buckets``' default buckets; ZeRO-3 on ``preferred_engine``; FSDP2 over
     more GPUs than ``gpus_per_node`` also as HSDP (``hsdp_replicas``). A micro-batch below the largest the config and
-    the GPU's share allow costs ``SMALLER_MICRO_BATCH_COST``: FSDP2 gathers and reduce-scatters every weight once a micro-batch."""
+    the GPU's share allow costs ``SMALLER_MICRO_BATCH_COST``."""
     fitting = []
     for n in workers:
         if sequences_per_step % n:
             continue
         share = sequences_per_step // n
+        micros = [d for d in _divisors(share) if d <= micro_batch]
         for stage in stages:
             if len(stages) > 1 and (stage > 0) != (n > 1) or len(stages) > 1 and stage == 1:
                 continue  # choosing: ZeRO-0 on one GPU (nothing to partition), ZeRO-2 or 3 across GPUs
             engine = layout_engine(stage, n, preferred_engine)
             mfu = recorded_mfu(engine, stage, n)
-            largest = max(d for d in _divisors(share) if d <= micro_batch)
-            for micro, replicas in ((d, r) for d in _divisors(share) if d <= micro_batch
+            for micro, replicas in ((d, r) for d in micros
                                     for r in hsdp_replicas(n, gpus_per_node if engine == "fsdp2" else None)):
                 wide = False  # zero_buckets' default (see there)
                 zero = zero_buckets(stage, shape.layer_params, wide)
@@ -363,7 +368,7 @@ def candidates(shape: ModelShape, seq_len: int, sequences_per_step: int, micro_b
                 k = next((k for k in layers if peaks[k] <= budget_bytes(gpu_memory_bytes, engine)), None)
                 if k is None:
                     continue
-                slower = SMALLER_MICRO_BATCH_COST[engine == "fsdp2" and n > 1] if micro < largest else 1.0
+                slower = SMALLER_MICRO_BATCH_COST[engine == "fsdp2" and n > 1] if micro < max(micros) else 1.0
                 cost = n / (mfu / (1 + k / (3 * shape.layers))) * slower
                 fitting.append(Layout(n, stage, micro, share // micro, k, peaks[k], cost, wide, engine, replicas))
     return fitting
