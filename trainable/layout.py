@@ -36,10 +36,13 @@ them all: 1.08 with one micro-batch a step (the 1B shape's packed Alpaca rows se
 below, as its float32 gradients appear while its backward frees the activations), 1.5 with accumulation (a later
 micro-batch runs with every gradient held). With accumulation the root module's gradient (embedding and an untied
 head, 2VD for 8B) also arrives as a new float32 shard, 4 x root / N bytes, while the accumulated one is held:
-    FSDP2, accumulating:  16P/N + 1.5 VD + 1.5 x activations + 4 (VD or 2VD) / N
+    FSDP2, accumulating:  16P/N + 1.5 VD + max(1.5 x activations, 4 root) + 4 root / N,   root = VD or 2VD
 (8B at micro-batch 1 x 2 and 1 x 4, 0-24 layers recomputed, one and two GPUs: 0.994-0.999x; 2.25 x the activations
 alone predicted 0.965-1.012x: a mixed-grid trial at 1 x 4 with 22 recomputed peaked above it; at 2 x 8 one H200 ran
-out of memory at 137.4 GiB: docs/measurements/2026-11-27-one-gpu-fsdp2). FSDP2's caching allocator reserves 13-15%
+out of memory at 137.4 GiB: docs/measurements/2026-11-27-one-gpu-fsdp2). Where few activations are kept, the root's
+own backward sets the peak: its gathered bf16 weights and gradients, 4 bytes a root parameter
+(``FSDP2_ROOT_BYTES``): 8B on one H200 at 1 x 8 and 1 x 16 with 30 of 32 layers recomputed peaked at 127.6 GiB
+both, as at 1 x 4 with 22 (1.5 x the activations alone predicted 126.1: docs/measurements/2026-11-29-h200). FSDP2's caching allocator reserves 13-15%
 over its allocated peak near a GPU's edge (8B on two H100s at micro-batch 2: 77.5 GiB reserved for 68.6
 allocated, 30 cudaMalloc retries in 13 steps and half the rate), so its plans keep ``ALLOCATOR_SLACK["fsdp2"]``
 free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's (``planned_stage``).
@@ -85,6 +88,9 @@ RECORDED_MFU_FSDP2 = {False: 0.44, True: 0.40}
 FSDP2_HEAD_BYTES = 1.5  # per LM-head parameter: its gathered bf16 copy and gradient (fitted)
 # of ``activation_bytes``, by accumulation (> 1 micro-batch a step): the bound of the recorded peaks (docstring)
 FSDP2_ACTIVATION_SCALE = {False: 1.08, True: 1.5}
+# with accumulation, the root module's gathered bf16 weights and gradients per root parameter: the floor of the
+# accumulating peak where few activations are kept (docstring)
+FSDP2_ROOT_BYTES = 4
 # DeepSpeed's ZeRO-0/1/2 training peak over the model above: the largest ratio of the recorded runs (a 1B ZeRO-2
 # trial's first step on two H100s, 1.059; the rest 0.94-1.06), so the prediction bounds them all within 15%. ZeRO-3
 # runs on FSDP2 unless asked; DeepSpeed's ZeRO-3 stays unscaled, within 10% either way (0.92-1.09: no one factor
@@ -241,10 +247,12 @@ def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, se
     its HSDP replica groups)."""
     activations = activation_bytes(shape, micro_batch * seq_len, checkpointed)
     if engine == "fsdp2":
-        accumulating = accumulation > 1
+        states = fsdp2_state_bytes(shape, workers, replicas)
+        if accumulation == 1:
+            return states + FSDP2_ACTIVATION_SCALE[False] * activations
         root_gradient = 4 * shape.embedding_params / (workers // replicas)
-        return fsdp2_state_bytes(shape, workers, replicas) + FSDP2_ACTIVATION_SCALE[accumulating] * activations \
-            + accumulating * root_gradient
+        return states + root_gradient + max(FSDP2_ACTIVATION_SCALE[True] * activations,
+                                            FSDP2_ROOT_BYTES * shape.embedding_params)
     return DEEPSPEED_PEAK_SCALE[stage] * (state_bytes(shape, stage, workers, zero) + activations)
 
 
