@@ -37,15 +37,15 @@ below, as its float32 gradients appear while its backward frees the activations)
 micro-batch runs with every gradient held). With accumulation the root module's gradient (embedding and an untied
 head, 2VD for 8B) also arrives as a new float32 shard, 4 x root / N bytes, while the accumulated one is held:
     FSDP2, accumulating:  16P/N + 1.5 VD + max(1.5 x activations, 4 root) + 4 root / N,   root = VD or 2VD
-(8B at micro-batch 1 x 2 and 1 x 4, 0-24 layers recomputed, one and two GPUs: 0.994-0.999x; 2.25 x the activations
+(8B at micro-batch 1 x 2 to 1 x 16, 0-30 layers recomputed, one and two GPUs: 0.985-0.999x; 2.25 x the activations
 alone predicted 0.965-1.012x: a mixed-grid trial at 1 x 4 with 22 recomputed peaked above it; at 2 x 8 one H200 ran
 out of memory at 137.4 GiB: docs/measurements/2026-11-27-one-gpu-fsdp2). Where few activations are kept, the root's
 own backward sets the peak: its gathered bf16 weights and gradients, 4 bytes a root parameter
-(``FSDP2_ROOT_BYTES``): 8B on one H200 at 1 x 8 and 1 x 16 with 30 of 32 layers recomputed peaked at 127.6 GiB
-both, as at 1 x 4 with 22 (1.5 x the activations alone predicted 126.1: docs/measurements/2026-11-29-h200). FSDP2's caching allocator reserves 13-15%
-over its allocated peak near a GPU's edge (8B on two H100s at micro-batch 2: 77.5 GiB reserved for 68.6
-allocated, 30 cudaMalloc retries in 13 steps and half the rate), so its plans keep ``ALLOCATOR_SLACK["fsdp2"]``
-free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's (``planned_stage``).
+(``FSDP2_ROOT_BYTES``): 8B on one H200 at 1 x 8 and 1 x 16 with 30 of 32 layers recomputed peaked at 127.55 GiB
+both, as at 1 x 4 with 22 (1.5 x the activations alone predicted 126.1: docs/measurements/2026-11-29-h200).
+FSDP2's caching allocator reserves 13-15% over its allocated peak near a GPU's edge (8B on two H100s at micro-batch
+2: 77.5 GiB reserved for 68.6 allocated, 30 cudaMalloc retries in 13 steps and half the rate), so its plans keep
+``ALLOCATOR_SLACK["fsdp2"]`` free. Under ``train.engine: fsdp2`` the layout is ZeRO-3's (``planned_stage``).
 
 Across nodes (more GPUs than ``gpus_per_node``) an FSDP2 layout may be HSDP: R replica groups, each sharding the
 model over N / R ranks (a whole number of nodes), gradients all-reduced across the groups once a step instead of
