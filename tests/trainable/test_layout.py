@@ -121,8 +121,8 @@ def test_cheapest_layouts():
     # where ZeRO-2 fits it stays cheaper than ZeRO-3 on either engine (recorded MFU 45% against 40% and 37%)
     assert plan_layout(eight_b, 2048, 4, 2, H200, workers=2, preferred_engine="fsdp2").zero_stage == 2
     # 8B alone on an H200 under FSDP2: 16 sequences a step at micro-batch 2 ran out of memory (137.4 GiB), and 2
-    # sequences nothing recomputed peaked at 123.6 GiB with 138.9 reserved (the GPU's edge): both are planned with
-    # recomputed layers, at micro-batch 1 with accumulation
+    # sequences nothing recomputed peaked at 123.6 GiB with 138.9 reserved (the GPU's edge): 2 sequences are planned
+    # with recomputed layers
     assert peak_bytes(eight_b, 0, 1, 2, 2048, 0, engine="fsdp2", accumulation=8) > budget_bytes(H200, "fsdp2")
     # with accumulation not at all: 1 x 16 and 1 x 8 with 30 of 32 layers recomputed peaked at 127.55 GiB (the root's
     # backward), as 1 x 4 with 22 did, over the 126.2 the plan may allocate: two GPUs, ZeRO-2
