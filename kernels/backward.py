@@ -61,7 +61,7 @@ def prefix_tiles(vocab_tiles: int) -> int:
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
-@triton.jit(do_not_specialize=["row_tiles", "vc"])  # one compiled kernel for every launch of a backward
+@triton.jit(do_not_specialize=["N", "row_tiles", "vc"])  # one compiled kernel for every launch and batch
 def _dz_kernel(
     E, C, Y, LSE, G, GSCALE, KEPT, DZ,
     N, V, D, r0, row_tiles, c0, vc, c_off, stride_en, stride_ed, stride_cv, stride_cd, stride_dz,
@@ -128,7 +128,7 @@ def _dz_kernel(
         tl.store(out, dz.to(DZ.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "R"])  # row-dependent sizes: one kernel for every batch
 def _finalize_de_kernel(
     ACC, DE, C, Y, A, UB, CMEAN, ROWS, N, R, D, stride_cv, stride_cd,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_UNIFORM: tl.constexpr,
@@ -151,7 +151,7 @@ def _finalize_de_kernel(
     tl.store(DE + rows.to(tl.int64)[:, None] * D + ds[None, :], x.to(DE.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])  # row-dependent sizes: one kernel for every batch
 def _target_dc_kernel(
     DC, E, A, ORDER, SORTED, N, D, stride_en, stride_ed, stride_dcv, stride_dcd,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -182,7 +182,7 @@ def _target_dc_kernel(
         tl.store(ptrs, (old + tl.sum(acc, axis=0)).to(DC.dtype.element_ty), mask=d_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "rows_per_program"])  # row-dependent sizes: one kernel for every batch
 def _colsum_kernel(
     X, W, OUT, R, D, stride_xr, stride_xd, rows_per_program,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_W: tl.constexpr,
@@ -465,7 +465,7 @@ def _kept_part(
     return chunks * width
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])  # row-dependent sizes: one kernel for every batch
 def _kept_dz_kernel(
     Z, SHIFT, LSE, G, GSCALE, Y, REST, ZY, N, chunk_tiles, beta, beta_over_v, softcap,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, HAS_SOFTCAP: tl.constexpr,

@@ -57,7 +57,7 @@ def _kept_chunks(n: int, vocab: int, d: int, w: int, min_dim: int) -> int:
     return chunks
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "splits", "group", "keep_tiles"])  # row-dependent sizes: one kernel for every batch
 def _lse_forward_kernel(
     E, C, T, PERM, POS, TPOS_out, M_out, S_out, ZSUM_out, TLSE_out, KEEP_out, SHIFT_out,
     N, V, D, stride_en, stride_ed, stride_cv, stride_cd, splits, group,
@@ -150,7 +150,7 @@ def _lse_forward_kernel(
         tl.store(ZSUM_out + out, z_sum, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "splits"])  # row-dependent sizes: one kernel for every batch
 def _finish_kernel(
     E, C, C_SUM, T, M, S, ZSUM, Y_out, ZY_out, LOSS_out, LSE_out, PT_out, PMAX_out, REST_out,
     N, V, D, splits, stride_en, stride_ed, stride_cv, stride_cd, softcap, ignore_index, one_minus_beta, beta_over_v,

@@ -36,7 +36,7 @@ def _masses(TLSE, stride_t, ts, t_ok, tokens, ok, lse):
     return tl.where(both, tl.exp(x - lse[None, :]), 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])  # row-dependent sizes: one kernel for every batch
 def _cutoff_kernel(
     TLSE, LSE, VALID, CUTOFF, N, P, tiles, stride_t, mass,
     BLOCK_I: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -58,7 +58,7 @@ def _cutoff_kernel(
     tl.store(CUTOFF + cols, count.to(CUTOFF.dtype.element_ty), mask=cols < P)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])  # row-dependent sizes: one kernel for every batch
 def _block_kept_kernel(
     TLSE, LSE, VALID, ROWS, KEPT, N, tiles, stride_t, block_n, mass: tl.float64,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,

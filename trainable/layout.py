@@ -65,6 +65,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from kernels.precompile import precompile_bytes
 from trainable.throughput import PEAK_BF16_FLOPS, training_flops_per_token
 
 GIB = 2**30
@@ -301,7 +302,8 @@ def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, s
                 accumulation: int = 1, scoring_tokens: int = 0, export: bool = False, replicas: int = 1
                 ) -> dict[str, float]:
     """Predicted allocator peak per GPU of each phase of a trial, in the order they run (``max`` of them is the
-    trial's): the load (``load_bytes``), the attention check (the states and ``check_activation_bytes``), the
+    trial's): the load (``load_bytes`` and, beside it, the head's kernels compiled ahead on a stand-in head:
+    ``kernels.precompile.precompile_bytes``), the attention check (the states and ``check_activation_bytes``), the
     training steps (``peak_bytes``), the export (``train.save_model``: FSDP2 and ZeRO-3 gather a bf16 copy, 2P, on
     rank 0; FSDP2 once its optimizer states are freed, 4P/N left) and scoring over ``scoring_tokens`` padded tokens
     a forward (FSDP2 on rank 0's gathered copy; DeepSpeed in place: ``zero3_scoring`` gathers a ZeRO-3 copy only
@@ -310,7 +312,7 @@ def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, s
     states = fsdp2_state_bytes(shape, workers, replicas) if fsdp2 else state_bytes(shape, stage, workers, zero)
     kept = 4 * shape.params / (workers // replicas) + (NCCL_BUFFER_BYTES if workers > 1 else 0.0) if fsdp2 \
         else states
-    peaks = {"load": load_bytes(shape, workers, engine, replicas),
+    peaks = {"load": load_bytes(shape, workers, engine, replicas) + precompile_bytes(shape.vocab, shape.hidden, 2),
              "attention_check": states + check_activation_bytes(shape, seq_len),
              "train": peak_bytes(shape, stage, workers, micro_batch, seq_len, checkpointed, zero, engine, accumulation,
                                  replicas)}

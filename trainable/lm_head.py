@@ -9,6 +9,8 @@ partitioned weight with its usual module hooks, in the forward and again in the 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,11 +72,32 @@ def _masked_reduce(values: torch.Tensor, kept: torch.Tensor, reduction: str) -> 
     return total if reduction == "sum" else total / kept.sum().clamp_min(1)
 
 
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _softcap(model: nn.Module) -> float | None:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(config, "final_logit_softcapping", None)
+
+
+def precompile_fused_head(model: nn.Module, device: torch.device, precision: str, tokens: int,
+                          label_smoothing: float, loss_impl: str, loss_filter: str) -> Callable[[], None]:
+    """Start compiling the fused loss's Triton kernels for this model's head (``kernels.precompile``: a micro-batch of
+    ``tokens`` rows, the head's shape, softcap and ``precision``'s compute dtype) where they will run, on a CUDA
+    device with ``loss_impl`` fused; returns the join (nothing to join elsewhere)."""
+    if device.type != "cuda" or loss_impl != "fused":
+        return lambda: None
+    from kernels.precompile import precompile
+
+    vocab, dim = model.get_output_embeddings().weight.shape  # the whole head, also as a DTensor or on meta
+    return precompile(vocab, dim, COMPUTE_DTYPES[precision], device, tokens, label_smoothing, _softcap(model),
+                      loss_filter)
+
+
 def install_fused_head(model: nn.Module) -> FusedLMHead:
     """Swap the model's output embedding for a ``FusedLMHead`` sharing its weight; return the new head."""
     old = model.get_output_embeddings()
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    head = FusedLMHead(old.weight, getattr(old, "bias", None), getattr(config, "final_logit_softcapping", None))
+    head = FusedLMHead(old.weight, getattr(old, "bias", None), _softcap(model))
     model.set_output_embeddings(head)
     return head
 

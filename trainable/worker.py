@@ -35,7 +35,8 @@ from trainable.export import Gather, save_hf_model
 from trainable.config import TrialConfig, engine_for, resolved_stage
 from trainable.fault_injection import die_if_due, oom_if_due
 from trainable import fsdp2_engine, fsdp2_weights, trial_memory, zero3_scoring
-from trainable.lm_head import CausalLMWithFusedLoss
+from trainable.deepspeed_setup import resolve_precision
+from trainable.lm_head import CausalLMWithFusedLoss, precompile_fused_head
 from trainable.result import TrialResult
 from common.models import ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, resolve_model
 from trainable.node_setup import compile_counts, compile_counts_since, prepare_node, ray_node_id
@@ -189,6 +190,7 @@ class TrialSetup:
     attention: AttentionChoice
     load_s: float  # seconds to load, check and restore
     first_batch: dict[str, torch.Tensor]  # this rank's first micro-batch (the attention check's probe)
+    precompiled: Callable[[], None]  # joins the head's kernels' compilation, started as the model loaded
     check_s: float = 0.0  # of ``load_s``: seconds of the attention check
 
 
@@ -201,6 +203,7 @@ def set_up(trial: TrialConfig, device: torch.device, rank: int, world_size: int,
     started = time.time()
     with peaks.phase("load"):
         setup = _loaded(trial, device, rank, world_size, resume_from)
+        setup.precompiled()
     if trial.train.attention_check:
         checking = time.time()
         with peaks.phase("attention_check"):
@@ -233,9 +236,13 @@ def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int
     else:
         model, materialise = load_model(spec, seed=trial.seed, device=device, **overrides), None
     facts = model_facts(model)
+    pack_width = trial_pack_width(trial.train, trial.sft.max_seq_len, device.type)
+    precompiled = precompile_fused_head(  # beside the data and the engine
+        model, device, resolve_precision(trial.train.precision, device),
+        trial.train.micro_batch_size * (pack_width or trial.sft.max_seq_len), trial.label_smoothing,
+        trial.train.loss_impl, trial.train.loss_filter)
     examples, held_out = _sft_examples(trial, tokenizer)
     pad_to = pad_multiple(trial.train, device.type)
-    pack_width = trial_pack_width(trial.train, trial.sft.max_seq_len, device.type)
     total_steps = _total_steps(trial, examples, pack_width, world_size)
     if resumed and resumed.total_steps != total_steps:
         raise ValueError(f"expected a checkpoint of a {total_steps}-step trial to resume, got one of "
@@ -262,7 +269,7 @@ def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int
     unchecked = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
     return TrialSetup(spec, tokenizer, model, facts, wrapped, engine, precision,
                       itertools.chain([first_batch], batches), held_out, pad_to, pack_width or trial.sft.max_seq_len,
-                      total_steps, start, resumed, unchecked, 0.0, first_batch)
+                      total_steps, start, resumed, unchecked, 0.0, first_batch, precompiled)
 
 
 def _checked_attention(setup: TrialSetup, device: torch.device, rank: int) -> AttentionChoice:
