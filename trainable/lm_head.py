@@ -75,29 +75,33 @@ def _masked_reduce(values: torch.Tensor, kept: torch.Tensor, reduction: str) -> 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _softcap(model: nn.Module) -> float | None:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return getattr(config, "final_logit_softcapping", None)
+def _text_config(config):  # noqa: ANN001, ANN202 - a transformers config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def precompile_fused_head(model: nn.Module, device: torch.device, precision: str, tokens: int,
+def head_shape(config) -> tuple[int, int, float | None]:  # noqa: ANN001 - a transformers config
+    """(vocabulary, hidden size, logit softcap) of the output layer a model of ``config`` has."""
+    text = _text_config(config)
+    return text.vocab_size, text.hidden_size, getattr(text, "final_logit_softcapping", None)
+
+
+def precompile_fused_head(shape: tuple[int, int, float | None], device: torch.device, precision: str, tokens: int,
                           label_smoothing: float, loss_impl: str, loss_filter: str) -> Callable[[], None]:
-    """Start compiling the fused loss's Triton kernels for this model's head (``kernels.precompile``: a micro-batch of
-    ``tokens`` rows, the head's shape, softcap and ``precision``'s compute dtype) where they will run, on a CUDA
-    device with ``loss_impl`` fused; returns the join (nothing to join elsewhere)."""
+    """Start compiling the fused loss's Triton kernels for a head of ``shape`` (``head_shape``) ahead
+    (``kernels.precompile``: a micro-batch of ``tokens`` rows, ``precision``'s compute dtype) where they will run,
+    on a CUDA device with ``loss_impl`` fused; returns the join (nothing to join elsewhere)."""
     if device.type != "cuda" or loss_impl != "fused":
         return lambda: None
     from kernels.precompile import precompile
 
-    vocab, dim = model.get_output_embeddings().weight.shape  # the whole head, also as a DTensor or on meta
-    return precompile(vocab, dim, COMPUTE_DTYPES[precision], device, tokens, label_smoothing, _softcap(model),
-                      loss_filter)
+    vocab, dim, softcap = shape
+    return precompile(vocab, dim, COMPUTE_DTYPES[precision], device, tokens, label_smoothing, softcap, loss_filter)
 
 
 def install_fused_head(model: nn.Module) -> FusedLMHead:
     """Swap the model's output embedding for a ``FusedLMHead`` sharing its weight; return the new head."""
     old = model.get_output_embeddings()
-    head = FusedLMHead(old.weight, getattr(old, "bias", None), _softcap(model))
+    head = FusedLMHead(old.weight, getattr(old, "bias", None), head_shape(model.config)[2])
     model.set_output_embeddings(head)
     return head
 

@@ -36,9 +36,10 @@ from trainable.config import TrialConfig, engine_for, resolved_stage
 from trainable.fault_injection import die_if_due, oom_if_due
 from trainable import fsdp2_engine, fsdp2_weights, trial_memory, zero3_scoring
 from trainable.deepspeed_setup import resolve_precision
-from trainable.lm_head import CausalLMWithFusedLoss, precompile_fused_head
+from trainable.lm_head import CausalLMWithFusedLoss, head_shape, precompile_fused_head
 from trainable.result import TrialResult
-from common.models import ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, resolve_model
+from common.models import (ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, random_init_config,
+                           resolve_model)
 from trainable.node_setup import compile_counts, compile_counts_since, prepare_node, ray_node_id
 from trainable.recompute import checkpointed_count, recomputed_layers
 from trainable.sharded_load import sharded_model
@@ -230,17 +231,21 @@ def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int
     tokenizer = load_tokenizer(spec, trial.custom_specs())
     fsdp2 = engine_for(trial.train, world_size, device.type) == "fsdp2"
     overrides = _dropout_overrides(trial.train.dropout)
+    pack_width = trial_pack_width(trial.train, trial.sft.max_seq_len, device.type)
+    precompile = functools.partial(  # the head's kernels compile beside the load, the data and the engine
+        precompile_fused_head, device=device, precision=resolve_precision(trial.train.precision, device),
+        tokens=trial.train.micro_batch_size * (pack_width or trial.sft.max_seq_len),
+        label_smoothing=trial.label_smoothing, loss_impl=trial.train.loss_impl, loss_filter=trial.train.loss_filter)
+    early = head_shape(random_init_config(spec, **overrides)) if spec.source == "random_init" else None
+    compiling = [precompile(early)] if early else []  # a stored model's shape is known once loaded
     if fsdp2:  # over several ranks built on the meta device: each rank then allocates only its shards
         model, materialise = sharded_model(spec, seed=trial.seed, device=device, rank=rank, world_size=world_size,
                                            **overrides)
     else:
         model, materialise = load_model(spec, seed=trial.seed, device=device, **overrides), None
     facts = model_facts(model)
-    pack_width = trial_pack_width(trial.train, trial.sft.max_seq_len, device.type)
-    precompiled = precompile_fused_head(  # beside the data and the engine
-        model, device, resolve_precision(trial.train.precision, device),
-        trial.train.micro_batch_size * (pack_width or trial.sft.max_seq_len), trial.label_smoothing,
-        trial.train.loss_impl, trial.train.loss_filter)
+    if head_shape(model.config) != early:
+        compiling.append(precompile(head_shape(model.config)))
     examples, held_out = _sft_examples(trial, tokenizer)
     pad_to = pad_multiple(trial.train, device.type)
     total_steps = _total_steps(trial, examples, pack_width, world_size)
@@ -269,7 +274,8 @@ def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int
     unchecked = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
     return TrialSetup(spec, tokenizer, model, facts, wrapped, engine, precision,
                       itertools.chain([first_batch], batches), held_out, pad_to, pack_width or trial.sft.max_seq_len,
-                      total_steps, start, resumed, unchecked, 0.0, first_batch, precompiled)
+                      total_steps, start, resumed, unchecked, 0.0, first_batch,
+                      lambda: [join() for join in compiling])
 
 
 def _checked_attention(setup: TrialSetup, device: torch.device, rank: int) -> AttentionChoice:
