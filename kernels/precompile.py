@@ -20,12 +20,13 @@ import torch
 
 from kernels.api import linear_cross_entropy
 from kernels.plan_history import PlanHistory
-from kernels.tuning import BackwardTiles, ForwardTiles
+from kernels.tuning import GATHER_BUFFER_BYTES, BackwardTiles, ForwardTiles
 
 ROWS = 256  # rows of the calls with gradients: two row blocks
 SCORING_ROWS = 37  # any count: the row-dependent sizes are not specialised on (tests/kernels/test_specialization.py)
 PEAKED_TARGETS = 64  # distinct targets of the peaked rows: they sort first, the filter skips the tiles behind them
 PEAK = 30.0  # the peaked rows' target logit (the others ~ N(0, PEAK^2 / D))
+CUBLAS_WORKSPACE_BYTES = 96 << 20  # cuBLAS's and cuBLASLt's workspaces of a new stream (32 + 64 MiB on an H200)
 
 
 def stand_in_vocab(vocab: int, period: int = ForwardTiles.keep_vocab) -> int:
@@ -69,10 +70,13 @@ def head_calls(vocab: int, dim: int, dtype: torch.dtype, device: torch.device, t
 
 def precompile_bytes(vocab: int, dim: int, itemsize: int) -> int:
     """What ``precompile`` allocates at most on the device: the stand-in head and two calls' head gradients, and per
-    call with gradients its rows' hidden states, their gradients and float32 accumulator, a dZ chunk and per
-    vocabulary entry 24 bytes (the filter's order and positions, the tiles' statistics)."""
+    call with gradients its rows' hidden states, their gradients and float32 accumulator, a dZ chunk, the filter's
+    gathered head rows, per vocabulary entry 24 bytes (the filter's order and positions, the tiles' statistics) and
+    the cuBLAS workspaces of its thread's stream (``CUBLAS_WORKSPACE_BYTES``). The 1B head (V 128256, D 2048) on an
+    H200 (2026-11-29): 386 MiB measured at most over six precompiles, 508 MiB here."""
     v = stand_in_vocab(vocab)
-    per_call = ROWS * (dim * (2 * itemsize + 4) + BackwardTiles.chunk_vocab * itemsize) + 24 * v
+    per_call = (ROWS * (dim * (2 * itemsize + 4) + BackwardTiles.chunk_vocab * itemsize) + 24 * v
+                + GATHER_BUFFER_BYTES + CUBLAS_WORKSPACE_BYTES)
     return 3 * v * dim * itemsize + 2 * per_call
 
 
@@ -99,6 +103,9 @@ def precompile(vocab: int, dim: int, dtype: torch.dtype, device: torch.device, t
     def join() -> None:
         for thread in threads:
             thread.join()
+        # each thread's stream left cuBLAS workspaces (96 MiB a call on an H200), which PyTorch keeps per handle and
+        # stream for the process's life: a sweep's eighth trial peaked 776 MiB over its prediction
+        torch._C._cuda_clearCublasWorkspaces()
         for failure in failures:
             print(f"[calsweep] precompiling the head's kernels failed (they compile at first use): {failure}",
                   flush=True)
