@@ -30,6 +30,7 @@ from torch import nn
 
 from trainable.config import TrainConfig
 from trainable.deepspeed_setup import adamw, lr_lambda, resolve_precision
+from trainable.lm_head import COMPUTE_DTYPES
 
 SCHEDULE_FILE = "schedule.json"
 
@@ -143,7 +144,7 @@ def build_engine(module: nn.Module, train: TrainConfig, learning_rate: float, to
     if precision not in ("bf16", "fp32"):
         raise ValueError(f"expected precision bf16 or fp32 under FSDP2 (no loss scaling), got {precision!r}")
     mesh = device_mesh(device.type, world_size, train.fsdp_replicas, node)
-    compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    compute_dtype = COMPUTE_DTYPES[precision]
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     module.float()
     for layer in decoder_layers(module):

@@ -72,16 +72,12 @@ def _masked_reduce(values: torch.Tensor, kept: torch.Tensor, reduction: str) -> 
     return total if reduction == "sum" else total / kept.sum().clamp_min(1)
 
 
-COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def _text_config(config):  # noqa: ANN001, ANN202 - a transformers config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # per precision
 
 
 def head_shape(config) -> tuple[int, int, float | None]:  # noqa: ANN001 - a transformers config
     """(vocabulary, hidden size, logit softcap) of the output layer a model of ``config`` has."""
-    text = _text_config(config)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return text.vocab_size, text.hidden_size, getattr(text, "final_logit_softcapping", None)
 
 

@@ -272,10 +272,14 @@ def _loaded(trial: TrialConfig, device: torch.device, rank: int, world_size: int
                                   rank, world_size, pad_to, skip=skip)
     first_batch = next(batches)
     unchecked = AttentionChoice("unchecked", None, {})  # SDPA's own choice, not compared with the math kernel
+
+    def compiled() -> None:
+        for join in compiling:
+            join()
+
     return TrialSetup(spec, tokenizer, model, facts, wrapped, engine, precision,
                       itertools.chain([first_batch], batches), held_out, pad_to, pack_width or trial.sft.max_seq_len,
-                      total_steps, start, resumed, unchecked, 0.0, first_batch,
-                      lambda: [join() for join in compiling])
+                      total_steps, start, resumed, unchecked, 0.0, first_batch, compiled)
 
 
 def _checked_attention(setup: TrialSetup, device: torch.device, rank: int) -> AttentionChoice:
