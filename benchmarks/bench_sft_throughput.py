@@ -235,14 +235,18 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     from trainable.compiled import compile_wanted, compiled_decoder_layers
     from trainable.config import TrainConfig, preferred_engine
     from trainable.layout import with_layout
-    from trainable.lm_head import CausalLMWithFusedLoss
+    from trainable.deepspeed_setup import resolve_precision
+    from trainable.lm_head import CausalLMWithFusedLoss, head_shape, precompile_fused_head
     from trainable.recompute import recomputed_layers
     from trainable.step_accounting import PendingLoss, optimizer_step
 
-    from plain_cross_entropy import PlainCrossEntropyLM  # this script's sibling (torchrun runs it from benchmarks/)
+    import memory_at_peak  # this script's siblings (torchrun runs it from benchmarks/)
+    from plain_cross_entropy import PlainCrossEntropyLM
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device()
+    if args.memory_at_peak and rank == 0 and device.type == "cuda":
+        memory_at_peak.start()
     ds = json.loads(args.ds) if args.ds else {}
     # the engine of ZeRO-3 and one-GPU layouts: FSDP2 for calsweep_fsdp2 and torchtitan's settings (held to ZeRO-3's
     # layout), a trial's default on auto rows
@@ -262,6 +266,10 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
     compiled_impls = ("calsweep", "calsweep_fsdp2", "torchtitan_settings")
     train = with_layout(TrainConfig(max_steps=args.warmup + args.steps, precision="auto", warmup_ratio=0.0,
                                     compile=impl in compiled_impls, deepspeed=ds), layout, shape)
+    # the head's kernels compile ahead as in a trial (trainable.worker), not inside the timed steps
+    compiled_head = (lambda: None) if titan else precompile_fused_head(
+        head_shape(model.config), device, resolve_precision(train.precision, device),
+        layout.micro_batch_size * args.seq_len, args.beta, train.loss_impl, train.loss_filter)
     build_engine = fsdp2_engine.build_engine if fsdp2 else deepspeed_setup.build_engine
     engine, _ = build_engine(wrapped, train, 1e-5, args.warmup + args.steps, device, world,
                              **({"materialise": functools.partial(fsdp2_engine.init_sharded, device=device,
@@ -277,6 +285,7 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
         tokens[0] += sum(int(batch["attention_mask"].sum()) for batch in micro)
         return PendingLoss(optimizer_step(engine, micro, device, world), len(micro), world)
 
+    compiled_head()
     torch._dynamo.reset()
     with recomputed_layers(model, layout.checkpointed), \
             compiled_decoder_layers(model, compile_wanted(train.compile, device)) as compiled:
@@ -289,6 +298,10 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
                       layers=shape.layers, predicted_peak_gib=layout.peak_gib, warmup_step_s=first_steps,
                       wide_buckets=layout.wide_buckets, deepspeed_overrides=ds,
                       engine=layout.engine, **_dynamo_counts())
+        if args.memory_at_peak and rank == 0 and device.type == "cuda":
+            result["memory_at_peak"] = memory_at_peak.at_peak(torch.cuda.memory._snapshot(), device.index)
+            torch.cuda.memory._record_memory_history(enabled=None)
+            print(f"{row_name(row)} {name}: " + memory_at_peak.table(result["memory_at_peak"]), flush=True)
         if args.profile and rank == 0:
             _profile(step, args.profile, args.trace)
     return result
@@ -296,8 +309,8 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
 
 def _timed(args, row: dict, step, device, flops: float, tokens: list[int], name: str) -> tuple[dict, list[float]]:
     """``--warmup`` steps (the seconds from the start to the end of each), then ``--steps`` timed ones, each
-    step's loss read after the next is queued, as the trial loop reads a quiet step's: the row's result and the
-    warm-up times. ``tokens[0]`` is the count ``step`` adds its real tokens to."""
+    step's loss read after the next is queued, as the trial loop reads a quiet step's: the row's result (with the
+    seconds from the timed start at which each loss was read, ``timed_loss_read_s``) and the warm-up times. ``tokens[0]`` is the count ``step`` adds its real tokens to."""
     started = time.perf_counter()
     first_steps = []
     for _ in range(args.warmup):
@@ -306,15 +319,17 @@ def _timed(args, row: dict, step, device, flops: float, tokens: list[int], name:
         first_steps.append(time.perf_counter() - started)
     _sync(device)
     started, tokens[0] = time.perf_counter(), 0
-    previous = None
+    previous, read = None, []
     for _ in range(args.steps):
         pending = step()
         if previous is not None:
             previous.value()
+            read.append(time.perf_counter() - started)
         previous = pending
     loss = previous.value()
     _sync_end(device)
-    return _result(name, args, row, time.perf_counter() - started, flops, loss, tokens[0]), first_steps
+    seconds = time.perf_counter() - started
+    return {**_result(name, args, row, seconds, flops, loss, tokens[0]), "timed_loss_read_s": read}, first_steps
 
 
 def _sync_end(device) -> None:
@@ -455,7 +470,7 @@ def _launch(args, row: dict, impl: str, part: Path) -> dict:
                __file__, "--worker", "--impl", impl, "--row", row_name(row), "--out", str(part)] + \
         [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in vars(args).items()
          if k in ("seq_len", "beta", "steps", "warmup", "profile", "trace", "ds", "tokenizer", "data_dir", "recompute",
-                  "micro_batch", "gpu_memory_gib", "meta_init")
+                  "micro_batch", "gpu_memory_gib", "meta_init", "memory_at_peak")
          and v]
     completed = subprocess.run(command, text=True)
     if completed.returncode == 0 and part.exists():
@@ -527,6 +542,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--meta-init", action="store_true",
                         help="FSDP2 runs: build the model on the meta device and initialise each rank's shards (for "
                              "shapes whose float32 copy does not fit one GPU: 32b and 70b on a node)")
+    parser.add_argument("--memory-at-peak", action="store_true",
+                        help="calsweep on a GPU: record rank 0's allocator and report what its peak holds, by the code "
+                             "that allocated it (benchmarks/memory_at_peak.py)")
     parser.add_argument("--profile", type=int, default=0, help="calsweep: profile this many extra steps on rank 0")
     parser.add_argument("--trace", default=None, help="with --profile: write the Chrome trace here")
     parser.add_argument("--out", default="sft_throughput.json")

@@ -14,9 +14,10 @@ or ``tiny`` and ``small``, 2- and 4-layer Llamas for the CPU; the models are ``b
 ``--trials`` grid points per shape = 2 lr x trials/2 betas, ``--steps`` optimiser steps each, ARC-Easy scoring of
 ``--eval-limit`` questions) and runs ``sweeps/launch.py`` on it once per ``--paths`` entry: ``warm``
 (``resources.warm_trials: true``: one-worker trials in Tune actors reused across trials) and ``cold`` (false: a Ray
-Train worker group started and stopped per trial). Each family's GPUs are the planner's (``trainable.layout``: the
-8B shape on 2, sharded; one GPU each for the others), trials as many at once as the GPUs hold, in Tune's order
-(``sweeps.search.trial_order``). While a sweep runs, ``nvidia-smi`` (when present) samples the utilisation
+Train worker group started and stopped per trial); ``--micro-batch`` sequences a step (default 4). Every other key
+is left at the user's default (scoring batch, retries, checkpoints, layout). Each family's GPUs are the planner's
+(``trainable.layout``: the 8B shape at 4 sequences a step on one H200 or two H100s, at 8 on two H200s; one GPU for
+the others), trials as many at once as the GPUs hold, in Tune's order (``sweeps.search.trial_order``). While a sweep runs, ``nvidia-smi`` (when present) samples the utilisation
 (percent of time a kernel ran) of each GPU ``CUDA_VISIBLE_DEVICES`` names (all without it) every 200 ms. Reports
 per path:
 - busy: the mean sampled utilisation over the GPUs and of each GPU, from the first trial's start to the last
@@ -96,6 +97,7 @@ def sweep_config(args: argparse.Namespace, results: Path, warm: bool) -> dict:
     """The benchmark's sweep: ``args.trials`` trials of each of ``args.shapes``, warm or cold, on the GPUs the
     layout planner gives each family."""
     sft, train = SETTINGS[SHAPES[args.shapes[0]]]
+    train = {**train, **({"micro_batch_size": args.micro_batch} if args.micro_batch else {})}
     betas = [round(0.1 * i, 1) for i in range(max(1, args.trials // 2))]
     return {
         "name": RUN, "seed": 0, "results_dir": str(results),
@@ -103,10 +105,10 @@ def sweep_config(args: argparse.Namespace, results: Path, warm: bool) -> dict:
         "learning_rates": [1.0e-4, 3.0e-4][:max(1, min(2, args.trials))], "label_smoothing": betas,
         "custom_models": {FAMILY + shape: {"architecture": "llama", "tokenizer": args.tokenizer,
                                            "config": MODELS[shape]} for shape in args.shapes},
-        "sft": sft, "train": {"max_steps": args.steps, "checkpoint_every_steps": None, **train, "engine": args.engine,
+        "sft": sft, "train": {"max_steps": args.steps, **train, "engine": args.engine,
                               **({"zero_stage": 3} if args.engine == "fsdp2" else {})},
-        "eval": {"tasks": ["arc_easy"], "limit": args.eval_limit, "batch_size": 32},
-        "resources": {"workers_per_trial": "auto", "max_failures": 0, "warm_trials": warm},
+        "eval": {"tasks": ["arc_easy"], "limit": args.eval_limit},
+        "resources": {"workers_per_trial": "auto", "warm_trials": warm},
     }
 
 
@@ -469,6 +471,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=8, help="grid points per shape (2 learning rates x trials/2 "
                         "betas)")
     parser.add_argument("--steps", type=int, default=200, help="optimiser steps per trial")
+    parser.add_argument("--micro-batch", type=int, default=None, metavar="N",
+                        help="train.micro_batch_size: sequences a step (the planner may split them over GPUs); "
+                             "default: the shapes' 4 on GPUs, 2 on the CPU")
     parser.add_argument("--eval-limit", type=int, default=400, help="ARC-Easy questions scored per trial")
     parser.add_argument("--tokenizer", default="smollm2-135m", help="registry name or local tokenizer directory")
     parser.add_argument("--work", default="gpu_utilization_run", help="directory for the sweeps' configs and stores")
@@ -510,7 +515,8 @@ def main() -> None:
         bench = str(run_bench(args, work)) if args.bench_rows else args.bench and str(Path(args.bench).resolve())
         records = bench_records(Path(bench) if bench else None)
         result = {"date": time.strftime("%Y-%m-%d"), "device": _device(), "shape": ",".join(args.shapes),
-                  "trials": args.trials, "steps": args.steps, "eval_limit": args.eval_limit, "engine": args.engine,
+                  "trials": args.trials, "steps": args.steps, "micro_batch": args.micro_batch,
+                  "eval_limit": args.eval_limit, "engine": args.engine,
                   "bench": bench, "paths": {}}
         out = Path(args.out)
 

@@ -34,7 +34,10 @@ gradients and AdamW moments sharded and gathers bf16 copies per layer:
 every recorded FSDP2 peak (``FSDP2_ACTIVATION_SCALE``), so the prediction bounds
 them all: 1.08 with one micro-batch a step (the 1B shape's packed Alpaca rows set it; the 8B shape peaks well
 below, as its float32 gradients appear while its backward frees the activations), 1.5 with accumulation (a later
-micro-batch runs with every gradient held). With accumulation the root module's gradient (embedding and an untied
+micro-batch runs with every gradient held). With one micro-batch a step the peak can come instead at the start of
+the backward, before any gradient exists but with every saved tensor live: 12P/N + what compiled layers save
+(``fsdp2_backward_start_bytes``, counted in the allocator's history); it sets 1B's peak from micro-batch 4 on
+(36.64 GiB at 8 x 1, 1.12x the first model alone). With accumulation the root module's gradient (embedding and an untied
 head, 2VD for 8B) also arrives as a new float32 shard, 4 x root / N bytes, while the accumulated one is held:
     FSDP2, accumulating:  16P/N + 1.5 VD + max(1.5 x activations, 4 root) + 4 root / N,   root = VD or 2VD
 (8B at micro-batch 1 x 2 to 1 x 16, 0-30 layers recomputed, one and two GPUs: 0.985-0.999x; 2.25 x the activations
@@ -92,6 +95,13 @@ FSDP2_ACTIVATION_SCALE = {False: 1.08, True: 1.5}
 # with accumulation, the root module's gathered bf16 weights and gradients per root parameter: the floor of the
 # accumulating peak where few activations are kept (docstring)
 FSDP2_ROOT_BYTES = 4
+# FSDP2's backward start, one micro-batch a step (``fsdp2_backward_start_bytes``): per token and decoder layer, the
+# bf16 tensors a compiled layer saves on packed rows, counted in the allocator's history at the peak
+# (benchmarks/memory_at_peak.py, 1B on an H200 at micro-batch 4 and 8: 3 of intermediate width, 8 of hidden width,
+# 4 of key/value width, 2.62 GiB a 2048-token sequence), and per token the root's (embedding output, the fused
+# loss's hidden states and gradients: 26 bytes a hidden unit measured, 32 counted)
+FSDP2_SAVED_BYTES = {"hidden": 16, "kv": 8, "intermediate": 6}
+FSDP2_ROOT_TOKEN_BYTES = 32
 # DeepSpeed's ZeRO-0/1/2 training peak over the model above: the largest ratio of the recorded runs (a 1B ZeRO-2
 # trial's first step on two H100s, 1.059; the rest 0.94-1.06), so the prediction bounds them all within 15%. ZeRO-3
 # runs on FSDP2 unless asked; DeepSpeed's ZeRO-3 stays unscaled, within 10% either way (0.92-1.09: no one factor
@@ -250,7 +260,8 @@ def peak_bytes(shape: ModelShape, stage: int, workers: int, micro_batch: int, se
     if engine == "fsdp2":
         states = fsdp2_state_bytes(shape, workers, replicas)
         if accumulation == 1:
-            return states + FSDP2_ACTIVATION_SCALE[False] * activations
+            return max(states + FSDP2_ACTIVATION_SCALE[False] * activations,
+                       fsdp2_backward_start_bytes(shape, workers, micro_batch * seq_len, checkpointed, replicas))
         root_gradient = 4 * shape.embedding_params / (workers // replicas)
         return states + root_gradient + max(FSDP2_ACTIVATION_SCALE[True] * activations,
                                             FSDP2_ROOT_BYTES * shape.embedding_params)
@@ -263,6 +274,25 @@ def fsdp2_state_bytes(shape: ModelShape, workers: int, replicas: int = 1) -> flo
     gradient (module docstring)."""
     comm = NCCL_BUFFER_BYTES if workers > 1 else 0.0
     return 16 * shape.params / (workers // replicas) + comm + FSDP2_HEAD_BYTES * shape.vocab * shape.hidden
+
+
+def fsdp2_backward_start_bytes(shape: ModelShape, workers: int, tokens: int, checkpointed: int | bool,
+                               replicas: int = 1) -> float:
+    """FSDP2's allocator at the start of a backward of one micro-batch of ``tokens`` tokens a GPU, where no gradient
+    exists yet but every activation does: float32 weights and AdamW moments (12P/N), the root's gathered bf16 copy
+    and the head gradient's bf16 storage (2 bytes per root and per head parameter), every kept layer's saved tensors
+    (``FSDP2_SAVED_BYTES``), a checkpointed layer's bf16 input, one layer recomputed, the root's per-token tensors
+    (``FSDP2_ROOT_TOKEN_BYTES``) and the fused loss's chunk. 1B on an H200, packed Alpaca at micro-batch 4, 6 and 8:
+    0.99x the measured 25.75, 31.2 and 36.64 GiB, where 16P/N + 1.08 x ``activation_bytes`` said 25.8, 29.2 and
+    32.6."""
+    k = shape.layers if checkpointed is True else min(int(checkpointed), shape.layers)
+    per_layer = (FSDP2_SAVED_BYTES["hidden"] * shape.hidden + FSDP2_SAVED_BYTES["kv"] * shape.kv_width
+                 + FSDP2_SAVED_BYTES["intermediate"] * shape.intermediate) * tokens
+    saved = (shape.layers - k) * per_layer + k * 2 * shape.hidden * tokens + (per_layer if k else 0)
+    comm = NCCL_BUFFER_BYTES if workers > 1 else 0.0
+    root = 2 * shape.embedding_params + 2 * shape.vocab * shape.hidden
+    return (12 * shape.params / (workers // replicas) + comm + root + saved
+            + FSDP2_ROOT_TOKEN_BYTES * shape.hidden * tokens + LOSS_CHUNK_BYTES)
 
 
 def check_activation_bytes(shape: ModelShape, seq_len: int) -> float:
@@ -282,7 +312,8 @@ def scoring_activation_bytes(shape: ModelShape, tokens: int) -> float:
 
 def load_bytes(shape: ModelShape, workers: int, engine: str, replicas: int = 1) -> float:
     """What loading the model holds per GPU before training. DeepSpeed: the whole float32 model (4P) on every GPU
-    before its engine partitions or casts it. FSDP2 on one GPU: the same, and a copy of the root module's tensors in
+    and, as its engine casts and flattens it, its bf16 weights (2P): 6P (8B on two H200s under ZeRO-2: 44.97-45.31
+    GiB measured with the head's kernels compiling beside it, 6P = 44.87; docs/measurements/2026-11-29c-h200x2). FSDP2 on one GPU: the same, and a copy of the root module's tensors in
     flight as FSDP2 takes them at once: the embedding, and an untied LM head (8B on an H200: 4P + 2 x 4VD measured
     to the MiB; tied 1B: 4P + 4VD). FSDP2 across GPUs (``trainable.sharded_load``): built on the meta
     device, a rank allocates its float32 shards (4P/N over a replica group's N ranks), a copy of one shard in flight
@@ -290,7 +321,7 @@ def load_bytes(shape: ModelShape, workers: int, engine: str, replicas: int = 1) 
     float32 tensor at a time: the embedding (a random init draws in place; counted all the same)."""
     largest = 4 * shape.vocab * shape.hidden
     if engine != "fsdp2":
-        return 4 * shape.params
+        return 6 * shape.params
     if workers == 1:
         return 4 * shape.params + 4 * shape.embedding_params
     shards = workers // replicas
