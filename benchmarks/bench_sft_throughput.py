@@ -24,7 +24,10 @@ folder, loss on responses only) in packed rows of ``--seq-len`` tokens (``traina
 rows for every implementation. A row that needs more GPUs than the host has is listed as skipped.
 
 Each (row, implementation) runs under ``torchrun`` in its own processes (clean peak-memory counters):
-``--warmup`` optimiser steps, then ``--steps`` timed ones. Implementations:
+``--warmup`` optimiser steps, then ``--steps`` timed ones; the fused head's Triton kernels compile ahead, as a
+trial's do while it loads (``kernels.precompile``), so that no timed step waits on a first launch's compile (an 8B
+row once lost 16% so). ``--memory-at-peak`` adds what rank 0's allocator peak holds (``memory_at_peak.py``).
+Implementations:
 - ``hf_trainer``: ``Trainer`` + DeepSpeed (its "auto" ZeRO buckets), ``label_smoothing_factor``, fused AdamW.
 - ``calsweep_eager`` / ``calsweep``: the trial loop (``trainable.step_accounting.optimizer_step``: DeepSpeed
   engine from ``trainable.deepspeed_setup``, fused label-smoothed loss, torch's fused AdamW) without / with the
@@ -310,7 +313,8 @@ def run_calsweep(args, row: dict, impl: str) -> dict:
 def _timed(args, row: dict, step, device, flops: float, tokens: list[int], name: str) -> tuple[dict, list[float]]:
     """``--warmup`` steps (the seconds from the start to the end of each), then ``--steps`` timed ones, each
     step's loss read after the next is queued, as the trial loop reads a quiet step's: the row's result (with the
-    seconds from the timed start at which each loss was read, ``timed_loss_read_s``) and the warm-up times. ``tokens[0]`` is the count ``step`` adds its real tokens to."""
+    seconds from the timed start at which each loss was read, ``timed_loss_read_s``) and the warm-up times.
+    ``tokens[0]`` is the count ``step`` adds its real tokens to."""
     started = time.perf_counter()
     first_steps = []
     for _ in range(args.warmup):

@@ -6,6 +6,8 @@ the GPUs, read the store.
     CUDA_VISIBLE_DEVICES=0 python benchmarks/sweep_gpu_utilization.py --paths warm --engine deepspeed --out util_ds.json
     python benchmarks/sweep_gpu_utilization.py --paths warm --shape 8b,1b --trials 4 \
         --bench-rows 8b:2:auto:2:alpaca,1b:1:auto:4:alpaca --out util_mixed.json   # a mixed grid on a node's GPUs
+    python benchmarks/sweep_gpu_utilization.py --paths warm --shape 8b,1b --trials 4 --steps 40 --micro-batch 8 \
+        --bench-rows 8b:2:2:4:alpaca,1b:1:auto:8:alpaca --out util_sharded.json   # 8B sharded over two H200s
     python benchmarks/sweep_gpu_utilization.py --shape tiny --trials 2 --steps 1 --eval-limit 4   # on the CPU
 
 Writes a sweep YAML (``--shape``: one shape or several, comma-separated, each a family ``llama-<shape>`` of the

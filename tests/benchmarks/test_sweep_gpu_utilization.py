@@ -156,11 +156,20 @@ def test_a_mixed_grid_sweep_plans_its_8b_family_on_two_gpus(tmp_path):
     from sweeps.config import sweep_from_dict
 
     args = argparse.Namespace(shapes=["8b", "1b"], trials=4, steps=200, eval_limit=400, tokenizer="smollm2-135m",
-                              engine="auto")
+                              engine="auto", micro_batch=None)
     assert bench.shapes_problem(args.shapes) is None
-    sweep = sweep_from_dict(bench.sweep_config(args, tmp_path, warm=True))
+    config = bench.sweep_config(args, tmp_path, warm=True)
+    sweep = sweep_from_dict(config)
     assert sweep.families == ("llama-8b", "llama-1b") and len(sweep.trial_points()) == 8
     assert [sweep.layout(f).workers for f in sweep.families] == [2, 1]
+    # what a user would leave is left: the scoring batch, the retries, the checkpoints
+    assert (sweep.eval.batch_size, sweep.resources.max_failures, sweep.train.checkpoint_every_steps) == (8, 1, None)
+    assert "batch_size" not in config["eval"] and "max_failures" not in config["resources"]
+    # 8 sequences a step: on H200s the 8B shards over two (ZeRO-2, 4 each), the 1B takes one GPU at 8 x 1
+    config = bench.sweep_config(argparse.Namespace(**{**vars(args), "micro_batch": 8}), tmp_path, warm=True)
+    sweep = sweep_from_dict({**config, "resources": {**config["resources"], "gpu_memory_gb": 139.8}})
+    layouts = [sweep.layout(f) for f in sweep.families]
+    assert [(x.workers, x.zero_stage, x.micro_batch_size) for x in layouts] == [(2, 2, 4), (1, 0, 8)]
     assert bench.shapes_problem(["8b", "tiny"]).startswith("--shape: expected shapes of one kind")
     assert "'2b'" in bench.shapes_problem(["2b"])
 

@@ -35,9 +35,9 @@ def _sweep(bench, tmp_path: Path, workers: int, trials: int) -> Path:
     """The benchmark's (``bench``: sweep_gpu_utilization.py) 1B sweep: ``trials`` trials of ``workers`` GPUs each,
     warm, no retries."""
     args = argparse.Namespace(shapes=["1b"], trials=trials, steps=STEPS, eval_limit=QUESTIONS,
-                              tokenizer=TOKENIZER, engine="auto")
+                              tokenizer=TOKENIZER, engine="auto", micro_batch=None)
     config = bench.sweep_config(args, tmp_path / "results", warm=True)
-    config["resources"]["workers_per_trial"] = workers
+    config["resources"].update(workers_per_trial=workers, max_failures=0)
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

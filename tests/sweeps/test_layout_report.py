@@ -75,9 +75,10 @@ def _mixed_grid(tmp_path: Path, benchmark_script) -> Path:
 
     sweep_config = benchmark_script("sweep_gpu_utilization").sweep_config
     args = argparse.Namespace(shapes=["8b", "1b"], trials=4, steps=40, eval_limit=400, tokenizer="smollm2-135m",
-                              engine="auto")
+                              engine="auto", micro_batch=None)
     config = sweep_config(args, tmp_path / "results", warm=True)
-    config["resources"]["gpu_memory_gb"] = 79.6
+    config["resources"].update(gpu_memory_gb=79.6, max_failures=0)  # as the recorded run: no retries, scoring 32 rows
+    config["eval"]["batch_size"] = 32
     path = tmp_path / "mixed.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
