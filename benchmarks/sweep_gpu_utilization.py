@@ -19,8 +19,9 @@ or ``tiny`` and ``small``, 2- and 4-layer Llamas for the CPU; the models are ``b
 Train worker group started and stopped per trial); ``--micro-batch`` sequences a step (default 4). Every other key
 is left at the user's default (scoring batch, retries, checkpoints, layout). Each family's GPUs are the planner's
 (``trainable.layout``: the 8B shape at 4 sequences a step on one H200 or two H100s, at 8 on two H200s; one GPU for
-the others), trials as many at once as the GPUs hold, in Tune's order (``sweeps.search.trial_order``). While a sweep runs, ``nvidia-smi`` (when present) samples the utilisation
-(percent of time a kernel ran) of each GPU ``CUDA_VISIBLE_DEVICES`` names (all without it) every 200 ms. Reports
+the others), trials as many at once as the GPUs hold, in Tune's order (``sweeps.search.trial_order``). While a
+sweep runs, ``nvidia-smi`` (when present) samples the utilisation (percent of time a kernel ran) of each GPU
+``CUDA_VISIBLE_DEVICES`` names (all without it) every 200 ms. Reports
 per path:
 - busy: the mean sampled utilisation over the GPUs and of each GPU, from the first trial's start to the last
   trial's end; and from the end of the last GPU's first trial on (the warm trials alone);

@@ -37,8 +37,8 @@ below, as its float32 gradients appear while its backward frees the activations)
 micro-batch runs with every gradient held). With one micro-batch a step the peak can come instead at the start of
 the backward, before any gradient exists but with every saved tensor live: 12P/N + what compiled layers save
 (``fsdp2_backward_start_bytes``, counted in the allocator's history); it sets 1B's peak from micro-batch 4 on
-(36.64 GiB at 8 x 1, 1.12x the first model alone). With accumulation the root module's gradient (embedding and an untied
-head, 2VD for 8B) also arrives as a new float32 shard, 4 x root / N bytes, while the accumulated one is held:
+(36.64 GiB at 8 x 1, 1.12x the first model alone). With accumulation the root module's gradient (embedding and an
+untied head, 2VD for 8B) also arrives as a new float32 shard, 4 x root / N bytes, while the accumulated one is held:
     FSDP2, accumulating:  16P/N + 1.5 VD + max(1.5 x activations, 4 root) + 4 root / N,   root = VD or 2VD
 (8B at micro-batch 1 x 2 to 1 x 16, 0-30 layers recomputed, one and two GPUs: 0.985-0.999x; 2.25 x the activations
 alone predicted 0.965-1.012x: a mixed-grid trial at 1 x 4 with 22 recomputed peaked above it; at 2 x 8 one H200 ran
@@ -283,9 +283,8 @@ def fsdp2_backward_start_bytes(shape: ModelShape, workers: int, tokens: int, che
     exists yet but every activation does: float32 weights and AdamW moments (12P/N), the root's gathered bf16 copy
     and the head gradient's bf16 storage (2 bytes per root and per head parameter), every kept layer's saved tensors
     (``FSDP2_SAVED_BYTES``), a checkpointed layer's bf16 input, one layer recomputed, the root's per-token tensors
-    (``FSDP2_ROOT_TOKEN_BYTES``) and the fused loss's chunk. 1B on an H200, packed Alpaca at micro-batch 4, 6 and 8:
-    0.99x the measured 25.75, 31.2 and 36.64 GiB, where 16P/N + 1.08 x ``activation_bytes`` said 25.8, 29.2 and
-    32.6."""
+    (``FSDP2_ROOT_TOKEN_BYTES``) and the fused loss's chunk. 1B on an H200, packed Alpaca at micro-batch 4 and 8:
+    0.99x the measured 25.75 and 36.64 GiB, where 16P/N + 1.08 x ``activation_bytes`` said 25.8 and 32.6."""
     k = shape.layers if checkpointed is True else min(int(checkpointed), shape.layers)
     per_layer = (FSDP2_SAVED_BYTES["hidden"] * shape.hidden + FSDP2_SAVED_BYTES["kv"] * shape.kv_width
                  + FSDP2_SAVED_BYTES["intermediate"] * shape.intermediate) * tokens
@@ -314,9 +313,10 @@ def scoring_activation_bytes(shape: ModelShape, tokens: int) -> float:
 def load_bytes(shape: ModelShape, workers: int, engine: str, replicas: int = 1) -> float:
     """What loading the model holds per GPU before training. DeepSpeed: the whole float32 model (4P) on every GPU
     and, as its engine casts and flattens it, its bf16 weights (2P): 6P (8B on two H200s under ZeRO-2: 44.97-45.31
-    GiB measured with the head's kernels compiling beside it, 6P = 44.87; docs/measurements/2026-11-29c-h200x2). FSDP2 on one GPU: the same, and a copy of the root module's tensors in
-    flight as FSDP2 takes them at once: the embedding, and an untied LM head (8B on an H200: 4P + 2 x 4VD measured
-    to the MiB; tied 1B: 4P + 4VD). FSDP2 across GPUs (``trainable.sharded_load``): built on the meta
+    GiB measured with the head's kernels compiling beside it, 6P = 44.87; docs/measurements/2026-11-29c-h200x2).
+    FSDP2 on one GPU: the whole float32 model, and a copy of the root module's tensors in flight as FSDP2 takes them
+    at once: the embedding, and an untied LM head (8B on an H200: 4P + 2 x 4VD measured to the MiB; tied 1B: 4P +
+    4VD). FSDP2 across GPUs (``trainable.sharded_load``): built on the meta
     device, a rank allocates its float32 shards (4P/N over a replica group's N ranks), a copy of one shard in flight
     (FSDP2 copies each new shard into its own storage) and, for stored weights broadcast from rank 0, one whole
     float32 tensor at a time: the embedding (a random init draws in place; counted all the same)."""
