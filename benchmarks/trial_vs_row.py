@@ -206,7 +206,7 @@ def sweep_trial(args: argparse.Namespace, results: Path):
 
     config = utilization.sweep_config(argparse.Namespace(shapes=[args.shape], trials=8, tokenizer=args.tokenizer,
                                                          steps=args.warmup + args.steps, engine="auto",
-                                                         eval_limit=4), results, warm=True)
+                                                         eval_limit=4, micro_batch=None), results, warm=True)
     on_gpu = torch.cuda.is_available()
     config["sft"] = {**utilization.SETTINGS["gpu"][0], "max_examples": args.max_examples, "max_seq_len": args.seq_len}
     config["train"] = {**config["train"], **utilization.SETTINGS["gpu"][1], "pack_length": args.seq_len,
