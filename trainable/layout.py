@@ -98,10 +98,11 @@ FSDP2_ROOT_BYTES = 4
 # FSDP2's backward start, one micro-batch a step (``fsdp2_backward_start_bytes``): per token and decoder layer, the
 # bf16 tensors a compiled layer saves on packed rows, counted in the allocator's history at the peak
 # (benchmarks/memory_at_peak.py, 1B on an H200 at micro-batch 4 and 8: 3 of intermediate width, 8 of hidden width,
-# 4 of key/value width, 2.62 GiB a 2048-token sequence), and per token the root's (embedding output, the fused
-# loss's hidden states and gradients: 26 bytes a hidden unit measured, 32 counted)
+# 4 of key/value width, 2.62 GiB a 2048-token sequence), and per token the root's beyond the fused loss's 6 bytes a
+# hidden unit that ``activation_bytes`` counts (embedding output, the loss's gradients: 26 bytes a hidden unit
+# measured in all, 32 counted)
 FSDP2_SAVED_BYTES = {"hidden": 16, "kv": 8, "intermediate": 6}
-FSDP2_ROOT_TOKEN_BYTES = 32
+FSDP2_ROOT_TOKEN_BYTES = 26
 # DeepSpeed's ZeRO-0/1/2 training peak over the model above: the largest ratio of the recorded runs (the 8B shape's
 # ZeRO-2 row on two H200s at micro-batch 4, 1.066; a 1B ZeRO-2 trial's first step on two H100s, 1.059; the rest
 # 0.94-1.06), so the prediction bounds them all within 15%. ZeRO-3
@@ -240,11 +241,13 @@ def state_bytes(shape: ModelShape, stage: int, workers: int, zero: dict[str, Any
         + 2 * shape.vocab * shape.hidden + comm
 
 
-def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool) -> float:
-    """Activations kept for the backward of ``tokens`` tokens per GPU with ``checkpointed`` layers recomputed."""
+def activation_bytes(shape: ModelShape, tokens: int, checkpointed: int | bool,
+                     saved: dict[str, float] = ACTIVATION_BYTES) -> float:
+    """Activations kept for the backward of ``tokens`` tokens per GPU with ``checkpointed`` layers recomputed, a
+    kept layer saving ``saved`` bytes per token and unit of each width."""
     k = shape.layers if checkpointed is True else min(int(checkpointed), shape.layers)
-    per_layer = (ACTIVATION_BYTES["hidden"] * shape.hidden + ACTIVATION_BYTES["kv"] * shape.kv_width
-                 + ACTIVATION_BYTES["intermediate"] * shape.intermediate) * tokens
+    per_layer = (saved["hidden"] * shape.hidden + saved["kv"] * shape.kv_width
+                 + saved["intermediate"] * shape.intermediate) * tokens
     kept = (shape.layers - k) * per_layer + k * 2 * shape.hidden * tokens
     recompute = per_layer if k else 0
     loss = 4 * shape.hidden * tokens + 2 * shape.hidden * tokens + LOSS_CHUNK_BYTES
@@ -282,17 +285,14 @@ def fsdp2_backward_start_bytes(shape: ModelShape, workers: int, tokens: int, che
     """FSDP2's allocator at the start of a backward of one micro-batch of ``tokens`` tokens a GPU, where no gradient
     exists yet but every activation does: float32 weights and AdamW moments (12P/N), the root's gathered bf16 copy
     and the head gradient's bf16 storage (2 bytes per root and per head parameter), every kept layer's saved tensors
-    (``FSDP2_SAVED_BYTES``), a checkpointed layer's bf16 input, one layer recomputed, the root's per-token tensors
-    (``FSDP2_ROOT_TOKEN_BYTES``) and the fused loss's chunk. 1B on an H200, packed Alpaca at micro-batch 4 and 8:
-    0.99x the measured 25.75 and 36.64 GiB, where 16P/N + 1.08 x ``activation_bytes`` said 25.8 and 32.6."""
-    k = shape.layers if checkpointed is True else min(int(checkpointed), shape.layers)
-    per_layer = (FSDP2_SAVED_BYTES["hidden"] * shape.hidden + FSDP2_SAVED_BYTES["kv"] * shape.kv_width
-                 + FSDP2_SAVED_BYTES["intermediate"] * shape.intermediate) * tokens
-    saved = (shape.layers - k) * per_layer + k * 2 * shape.hidden * tokens + (per_layer if k else 0)
+    (``activation_bytes`` with ``FSDP2_SAVED_BYTES``: checkpointed layers' inputs, one layer recomputed, the fused
+    loss's workspace) and the root's other per-token tensors (``FSDP2_ROOT_TOKEN_BYTES``). 1B on an H200, packed
+    Alpaca at micro-batch 4 and 8: 0.99x the measured 25.75 and 36.64 GiB, where 16P/N + 1.08 x ``activation_bytes`` said 25.8 and 32.6."""
     comm = NCCL_BUFFER_BYTES if workers > 1 else 0.0
     root = 2 * shape.embedding_params + 2 * shape.vocab * shape.hidden
-    return (12 * shape.params / (workers // replicas) + comm + root + saved
-            + FSDP2_ROOT_TOKEN_BYTES * shape.hidden * tokens + LOSS_CHUNK_BYTES)
+    return (12 * shape.params / (workers // replicas) + comm + root
+            + activation_bytes(shape, tokens, checkpointed, FSDP2_SAVED_BYTES)
+            + FSDP2_ROOT_TOKEN_BYTES * shape.hidden * tokens)
 
 
 def check_activation_bytes(shape: ModelShape, seq_len: int) -> float:
