@@ -6,8 +6,9 @@ of the chunk are then batched together (right-padded: padding only follows real 
 its own group's prefix cache (gathered per batch) with the prefix's padding masked out. Left padding keeps the
 distance between a row token and every prefix token the unpadded one, so sliding-window layers see what they
 would see on the full sequence. A batch holds at most ``batch_size`` rows and, with ``batch_tokens``, at most
-that many padded row tokens (rows x width); short rows (a question after a cached 5-shot prefix) batch many to
-a forward, and one forward serves many groups (MMLU: 57 subjects, each a few hundred questions).
+that many padded tokens: a chunk's prefixes (groups x width), a batch's rows with the prefix each gathers (rows x
+(prefix width + row width)); short rows (a question after a cached 5-shot prefix) batch many to a forward, and
+one forward serves many groups (MMLU: 57 subjects, each a few hundred questions).
 
 Log-likelihoods come from the decoder's last hidden states at the (row, position) pairs some ``Read`` needs,
 through ``kernels.linear_cross_entropy(h, W, target, reduction="none", softcap=s)`` = -log softmax(s tanh(h W^T
@@ -180,7 +181,8 @@ def _score_chunk(model: Any, head: OutputLayer | None, groups: Sequence[Group], 
     device = next(model.parameters()).device
     prefix = _prefix_cache(model, groups, device, ats) if any(g.prefix for g in groups) else None
     items = [(g, row) for g, group in enumerate(groups) for row in group.rows]
-    for batch in batches(items, batch_size, batch_tokens, length=lambda item: len(item[1].tokens)):
+    cached = 0 if prefix is None else prefix.mask.shape[1]  # each row's gathered prefix: the chunk's width
+    for batch in batches(items, batch_size, batch_tokens, length=lambda item: cached + len(item[1].tokens)):
         ids, row_mask = _padded([row.tokens for _, row in batch])
         ids, row_mask = ids.to(device), row_mask.to(device)
         inputs: dict[str, Any] = {"input_ids": ids}

@@ -109,8 +109,8 @@ class EvalConfig:
 
     tasks: tuple[str, ...] = DEFAULT_TASKS  # names in calibration.task_config.TASKS; [] trains without scoring
     limit: int | None = None  # first K questions of each task; None = all
-    batch_size: int = 8  # rows per forward, at most
-    batch_tokens: int | None = None  # padded row tokens (rows x width) per forward, at most; None: no cap
+    batch_size: int = 256  # rows per forward, at most
+    batch_tokens: int | str | None = "auto"  # padded tokens a forward at most; auto: what the peak leaves; None: no cap
     n_bins: int = 15  # confidence bins of ECE and the binned metrics
     temperature_scaling: bool = False  # also score each task's held-out split, fit T there, report *_ts metrics
     ats: ATSConfig = field(default_factory=ATSConfig)  # enabled: train an ATS head after SFT, report *_ats metrics
@@ -237,7 +237,10 @@ def _check_sft(c: SFTConfig) -> list[str]:
 
 def _check_eval(c: EvalConfig) -> list[str]:
     problems = _positive("limit", c.limit, allow_none=True) + _positive("batch_size", c.batch_size)
-    problems += _positive("batch_tokens", c.batch_tokens, allow_none=True) + _positive("n_bins", c.n_bins)
+    tokens = c.batch_tokens
+    if not (tokens is None or tokens == "auto" or type(tokens) is int and tokens > 0):
+        problems.append(f"batch_tokens: expected 'auto', a whole number > 0 or null (no cap), got {c.batch_tokens!r}")
+    problems += _positive("n_bins", c.n_bins)
     unknown = [t for t in c.tasks if not isinstance(t, str) or t not in TASKS]
     if unknown:
         problems.append(f"tasks: expected a subset of {list(TASKS)}, got {unknown!r}{suggest(str(unknown[0]), TASKS)}")

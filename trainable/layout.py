@@ -81,6 +81,9 @@ LOSS_CHUNK_BYTES = 136 * 2**20  # kernels/backward.py: the dedicated dZ chunk at
 # Per token and decoder layer, bytes saved for the backward with compiled layers in bf16: c_h h + c_kv (kv width)
 # + c_i I; fitted to the 1B shape's peaks at micro-batch 2 and 4 on an H200 (1.6 GiB per 2048-token sequence).
 ACTIVATION_BYTES = {"hidden": 10, "kv": 4, "intermediate": 3.5}
+# padded tokens a scoring forward takes under eval.batch_tokens: auto, at most: ARC-Easy, MMLU and HellaSwag scored as
+# fast at 16,384 as at 32,768 and 65,536 on an H200, 1B and 8B (bench_scoring_batch.py, docs/results.md)
+SCORING_TOKENS_MAX = 16384
 # MFU of the trial loop (compiled layers) per layout, measured on H200s (docs/results.md): (stage, GPUs > 1) -> MFU.
 # ZeRO-0: 1B on one GPU 41.0%; ZeRO-2: 1B 45.3%, 8B 45.3% on two; ZeRO-3: 1B 34.5%, 8B 40.1% on two (their mean),
 # 37.5% on one. ZeRO-1 is not measured: ZeRO-2's.
@@ -303,11 +306,29 @@ def check_activation_bytes(shape: ModelShape, seq_len: int) -> float:
 
 
 def scoring_activation_bytes(shape: ModelShape, tokens: int) -> float:
-    """A scoring forward's memory (no grad) over ``tokens`` padded tokens: every layer's keys and values (the prefix
-    cache) and one layer's working set (``ACTIVATION_BYTES``, bf16)."""
+    """A scoring forward's memory (no grad) under a cap of ``tokens`` padded tokens (``calibration.scoring``): the
+    chunk's prefix cache and a row batch's own cache (its rows' prefixes gathered, and its rows), every layer's keys
+    and values, each at most ``tokens``; and one layer's working set over the batch (``ACTIVATION_BYTES``, bf16)."""
     cache = 2 * 2 * shape.kv_width * shape.layers
-    working = ACTIVATION_BYTES["hidden"] * shape.hidden + ACTIVATION_BYTES["intermediate"] * shape.intermediate
-    return (cache + working) * tokens
+    return (2 * cache + _working_bytes(shape)) * tokens
+
+
+def _working_bytes(shape: ModelShape) -> float:
+    """One decoder layer's working set per token of a forward without gradients (``ACTIVATION_BYTES``, bf16)."""
+    return ACTIVATION_BYTES["hidden"] * shape.hidden + ACTIVATION_BYTES["intermediate"] * shape.intermediate
+
+
+def entropy_stats_bytes(shape: ModelShape) -> float:
+    """The entropy floor's statistics after scoring (``calibration.entropy.evaluation_entropy_stats``, once the
+    scoring forwards are done) over ``MAX_TOKENS`` prompt tokens: their bf16 hidden states, the per-row copies they
+    are joined from and their float32 magnitudes (2 + 2 + 4 bytes a dimension), beside the larger of its forwards
+    (at most ``MAX_TOKENS`` padded tokens, ``ACTIVATION_BYTES`` working set) and the head in float32 (4VD) with
+    three float32 chunks of logits (``CHUNK_ELEMENTS`` each)."""
+    from calibration.entropy.prompt_states import MAX_TOKENS
+    from calibration.entropy.statistics import CHUNK_ELEMENTS
+
+    return 8 * MAX_TOKENS * shape.hidden + max(_working_bytes(shape) * MAX_TOKENS,
+                                              4 * shape.vocab * shape.hidden + 3 * 4 * CHUNK_ELEMENTS)
 
 
 def load_bytes(shape: ModelShape, workers: int, engine: str, replicas: int = 1) -> float:
@@ -337,9 +358,10 @@ def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, s
     trial's): the load (``load_bytes`` and, beside it, the head's kernels compiled ahead on a stand-in head:
     ``kernels.precompile.precompile_bytes``), the attention check (the states and ``check_activation_bytes``), the
     training steps (``peak_bytes``), the export (``train.save_model``: FSDP2 and ZeRO-3 gather a bf16 copy, 2P, on
-    rank 0; FSDP2 once its optimizer states are freed, 4P/N left) and scoring over ``scoring_tokens`` padded tokens
-    a forward (FSDP2 on rank 0's gathered copy; DeepSpeed in place: ``zero3_scoring`` gathers a ZeRO-3 copy only
-    where it fits; ``replicas`` an FSDP2 layout's HSDP replica groups)."""
+    rank 0; FSDP2 once its optimizer states are freed, 4P/N left) and scoring: forwards over ``scoring_tokens`` padded
+    tokens, then the entropy floor's statistics (``entropy_stats_bytes``), FSDP2 on rank 0's gathered copy, DeepSpeed
+    in place (``zero3_scoring`` gathers a ZeRO-3 copy only where it fits); ``replicas``: an FSDP2 layout's HSDP
+    replica groups."""
     fsdp2 = engine == "fsdp2"
     states = fsdp2_state_bytes(shape, workers, replicas) if fsdp2 else state_bytes(shape, stage, workers, zero)
     kept = 4 * shape.params / (workers // replicas) + (NCCL_BUFFER_BYTES if workers > 1 else 0.0) if fsdp2 \
@@ -351,8 +373,24 @@ def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, s
     if export:
         peaks["export"] = kept + (2 * shape.params if fsdp2 or stage == 3 else 0.0)
     if scoring_tokens:
-        peaks["score"] = kept + (2 * shape.params if fsdp2 else 0.0) + scoring_activation_bytes(shape, scoring_tokens)
+        forwards = max(scoring_activation_bytes(shape, scoring_tokens), entropy_stats_bytes(shape))
+        peaks["score"] = kept + (2 * shape.params if fsdp2 else 0.0) + forwards
     return peaks
+
+
+def planned_scoring_tokens(shape: ModelShape, stage: int, workers: int, micro_batch: int, seq_len: int,
+                           checkpointed: int | bool = 0, zero: dict[str, Any] | None = None,
+                           engine: str = "deepspeed", accumulation: int = 1, export: bool = False,
+                           replicas: int = 1) -> int:
+    """``eval.batch_tokens: auto``: the most padded tokens a scoring forward may take with the scoring phase's peak
+    (``phase_peaks``' "score") at or below the larger of the trial's other phases and the entropy statistics that
+    scoring runs anyway (``entropy_stats_bytes``), so that the forwards never set a trial's peak; at least one row
+    of ``seq_len``, at most ``SCORING_TOKENS_MAX``."""
+    peaks = phase_peaks(shape, stage, workers, micro_batch, seq_len, checkpointed, zero, engine, accumulation, 1,
+                        export, replicas)
+    per_token, entropy = scoring_activation_bytes(shape, 1), entropy_stats_bytes(shape)
+    room = max(max(peaks.values()) - (peaks.pop("score") - max(per_token, entropy)), entropy)
+    return int(min(SCORING_TOKENS_MAX, max(seq_len, room // per_token)))
 
 
 def layout_engine(stage: int, workers: int, preferred_engine: str, on_gpu: bool = True) -> str:

@@ -18,7 +18,7 @@ import psutil
 import torch
 
 from trainable.config import TrialConfig
-from trainable.layout import GIB, ModelShape, phase_peaks
+from trainable.layout import GIB, ModelShape, phase_peaks, planned_scoring_tokens
 
 # the CUDA caching allocator's settings of a trial's workers unless the user sets PYTORCH_CUDA_ALLOC_CONF: PyTorch's
 # own, said out loud. Expandable segments halved the 8B row on two H100s (3,062 against 6,160 tokens/s per GPU,
@@ -102,12 +102,16 @@ def predicted_phase_peaks_gib(model_config: Any, params: int, trial: TrialConfig
                               device: torch.device) -> dict[str, float] | None:
     """``trainable.layout.phase_peaks`` of the layout that ran (GiB): the model's shape (``params`` real
     parameters), the engine's stage, micro-batch, accumulation and recomputed layers, ZeRO's buckets as
-    ``deepspeed_config`` set them, the export (``train.save_model``) and scoring forwards of ``eval.batch_tokens``
-    (else ``eval.batch_size`` rows of ``seq_len``). None where the model does not apply: off CUDA, or in another
-    precision than bf16."""
+    ``deepspeed_config`` set them, the export (``train.save_model``) and scoring forwards of ``scoring_tokens``.
+    None where the model does not apply: off CUDA, or in another precision than bf16."""
+    return shape_phase_peaks_gib(model_shape(model_config, params), trial, engine, zero_stage, world_size, seq_len,
+                                 checkpointed, precision, device.type)
+
+
+def model_shape(model_config: Any, params: int) -> ModelShape:
+    """The ``ModelShape`` of a loaded model's config (a multimodal one's text config) with ``params`` parameters."""
     config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    return shape_phase_peaks_gib(ModelShape.from_config(config, params), trial, engine, zero_stage, world_size,
-                                 seq_len, checkpointed, precision, device.type)
+    return ModelShape.from_config(config, params)
 
 
 def shape_phase_peaks_gib(shape: ModelShape, trial: TrialConfig, engine: str, zero_stage: int, world_size: int,
@@ -115,17 +119,39 @@ def shape_phase_peaks_gib(shape: ModelShape, trial: TrialConfig, engine: str, ze
                           device_type: str) -> dict[str, float] | None:
     """``predicted_phase_peaks_gib`` of a model ``shape`` on a ``device_type`` device: what a trial's row predicts,
     from the loaded model or, for a trial that failed before it reported, from its family's shape."""
-    from trainable.deepspeed_setup import deepspeed_config
-
     if device_type != "cuda" or precision != "bf16":
         return None
+    layout = _layout_args(shape, trial, engine, zero_stage, world_size, seq_len, checkpointed)
+    tokens = scoring_tokens(shape, trial, engine, zero_stage, world_size, seq_len, checkpointed)
+    return {name: value / GIB for name, value in phase_peaks(shape, **layout, scoring_tokens=tokens).items()}
+
+
+def scoring_tokens(shape: ModelShape, trial: TrialConfig, engine: str, zero_stage: int, world_size: int,
+                   seq_len: int, checkpointed: int) -> int:
+    """Padded tokens a scoring forward of the trial takes, at most: ``eval.batch_tokens`` as set; under ``auto``
+    ``trainable.layout.planned_scoring_tokens`` of the layout that ran; with no cap (None) ``eval.batch_size`` rows
+    of ``seq_len``; 0 where the trial scores no task."""
+    batch_tokens = trial.eval.batch_tokens
+    if not trial.eval.tasks:
+        return 0
+    if batch_tokens is None:
+        return trial.eval.batch_size * seq_len
+    if batch_tokens == "auto":
+        return planned_scoring_tokens(shape, **_layout_args(shape, trial, engine, zero_stage, world_size, seq_len,
+                                                            checkpointed))
+    return batch_tokens
+
+
+def _layout_args(shape: ModelShape, trial: TrialConfig, engine: str, zero_stage: int, world_size: int, seq_len: int,
+                 checkpointed: int) -> dict[str, Any]:
+    """``phase_peaks``' layout arguments of a trial (ZeRO's buckets as ``deepspeed_config`` sets them)."""
+    from trainable.deepspeed_setup import deepspeed_config
+
     train = trial.train
-    zero = deepspeed_config(train, precision, world_size, shape.layer_params)["zero_optimization"]
-    scoring = (trial.eval.batch_tokens or trial.eval.batch_size * seq_len) if trial.eval.tasks else 0
-    peaks = phase_peaks(shape, zero_stage, world_size, train.micro_batch_size, seq_len, checkpointed, zero, engine,
-                        train.gradient_accumulation_steps, scoring, train.save_model,
-                        replicas=train.fsdp_replicas if engine == "fsdp2" else 1)
-    return {name: value / GIB for name, value in peaks.items()}
+    zero = deepspeed_config(train, "bf16", world_size, shape.layer_params)["zero_optimization"]
+    return dict(stage=zero_stage, workers=world_size, micro_batch=train.micro_batch_size, seq_len=seq_len,
+                checkpointed=checkpointed, zero=zero, engine=engine, accumulation=train.gradient_accumulation_steps,
+                export=train.save_model, replicas=train.fsdp_replicas if engine == "fsdp2" else 1)
 
 
 def phase_table(measured: dict[str, float], predicted: dict[str, float] | None) -> str | None:

@@ -152,7 +152,7 @@ def run_trial(trial: TrialConfig, device: torch.device, rank: int, world_size: i
                 model_path = save_model(setup.model, setup.tokenizer, trial, rank, writers.write_model,
                                         gather_for(setup.engine)) if trial.train.save_model else None
             with peaks.phase("score"):
-                scored = score(trial, setup, device, rank, world_size, writers)
+                scored = score(trial, setup, device, rank, world_size, writers, trained.recomputed)
             result = trial_result(trial, setup, trained, scored, device, world_size, model_path,
                                   time.time() - started, peaks, compile_counts_since(compiled))
         finally:  # ZeRO's gradient hooks live in autograd's C++ nodes: until removed, the engine outlives the
@@ -438,11 +438,12 @@ class Scores:
 
 
 def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int, world_size: int,
-          writers: TrialWriters) -> Scores:
+          writers: TrialWriters, recomputed: int) -> Scores:
     """Calibration of the trained model on ``eval.tasks`` (with an ATS head where ``eval.ats`` says), its questions
     stored (rank 0), and the entropy floor's inputs on the evaluation prompts (rank 0's scorer alone: no
     collective, ``calibration.entropy.prompt_states``). Under FSDP2 rank 0 scores its gathered plain copy, made
-    after the optimizer's states are freed (training is over)."""
+    after the optimizer's states are freed (training is over). Forwards take ``eval.batch_size`` rows and
+    ``trial_memory.scoring_tokens`` padded tokens at most (the layout that trained, ``recomputed`` layers)."""
     from calibration.entropy.prompt_states import evaluation_entropy_stats
     from calibration.evaluate import evaluate_model
 
@@ -458,9 +459,12 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     if scorer is None:
         return Scores({}, None, {}, time.time() - started)
     tokenizer, backends = setup.tokenizer, setup.attention.backends
+    tokens = trial_memory.scoring_tokens(trial_memory.model_shape(setup.model.config, setup.facts["n_params"]), trial,
+                                         trial_engine(setup.engine), setup.engine.zero_optimization_stage(),
+                                         world_size, setup.row_width, recomputed)
     ats_head = trial_ats_head(scorer, tokenizer, trial, progress=rank == 0) if trial.eval.ats.enabled else None
     result = evaluate_model(scorer, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir, limit=trial.eval.limit,
-                            batch_size=trial.eval.batch_size, batch_tokens=trial.eval.batch_tokens,
+                            batch_size=trial.eval.batch_size, batch_tokens=tokens,
                             n_bins=trial.eval.n_bins, heldout=trial.eval.temperature_scaling, progress=rank == 0,
                             attention=backends, prompt_cache=cache_dir() / "prompts", ats_head=ats_head)
     entropy = {}
@@ -468,7 +472,7 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
         writers.write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
         entropy = evaluation_entropy_stats(scorer, tokenizer, trial.eval.tasks, data_dir=trial.data_dir,
                                            limit=trial.eval.limit, batch_size=trial.eval.batch_size,
-                                           attention=backends)
+                                           batch_tokens=tokens, attention=backends)
     del scorer
     return Scores(result.summary, result.records, entropy, time.time() - started)
 

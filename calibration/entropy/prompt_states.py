@@ -40,10 +40,12 @@ def context_rows(tokenizer: Any, prompts: Sequence[Prompt], max_tokens: int) -> 
 
 
 def prompt_hidden_states(model: Any, rows: Sequence[Sequence[int]], *, batch_size: int = 8,
+                         batch_tokens: int | None = None,
                          attention: Sequence[SDPBackend] | None = None) -> torch.Tensor:
     """(sum of row lengths, D): the decoder's last hidden state at every position of every row, rows in order.
 
-    Rows are batched longest first (right-padded, padding masked and dropped). Runs without gradients on the
+    Rows are batched longest first, at most ``batch_size`` rows and ``batch_tokens`` padded tokens a forward
+    (right-padded, padding masked and dropped). Runs without gradients on the
     model's device, in eval mode (restored after); ``attention`` narrows the SDPA kernels as the scorer does.
     """
     if not rows or any(len(row) == 0 for row in rows) or batch_size < 1:
@@ -56,7 +58,7 @@ def prompt_hidden_states(model: Any, rows: Sequence[Sequence[int]], *, batch_siz
     model.eval()
     try:
         with torch.inference_mode(), sdpa_kernel([k for k in SCORING_ATTENTION if attention is None or k in attention]):
-            for batch in batches(list(enumerate(rows)), batch_size, None, length=lambda item: len(item[1])):
+            for batch in batches(list(enumerate(rows)), batch_size, batch_tokens, length=lambda item: len(item[1])):
                 width = len(batch[0][1])
                 ids = torch.zeros(len(batch), width, dtype=torch.long)
                 mask = torch.zeros(len(batch), width, dtype=torch.long)
@@ -74,7 +76,7 @@ def prompt_hidden_states(model: Any, rows: Sequence[Sequence[int]], *, batch_siz
 
 def evaluation_entropy_stats(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig], *,
                              data_dir: str | Path | None = None, limit: int | None = None,
-                             max_tokens: int = MAX_TOKENS, batch_size: int = 8,
+                             max_tokens: int = MAX_TOKENS, batch_size: int = 8, batch_tokens: int | None = None,
                              attention: Sequence[SDPBackend] | None = None) -> dict[str, float]:
     """``entropy_floor_stats`` of the model's output head over its hidden states on the evaluation prompts (module
     doc), or {} where the head cannot be read as a plain bias-free weight and softcap whose logits are the model's
@@ -91,6 +93,7 @@ def evaluation_entropy_stats(model: Any, tokenizer: Any, tasks: Sequence[str | T
     head = checked_output_layer(model, [Group([], [Row(list(rows[0]))])])  # no forward for a ZeRO-3 head
     if head is None:
         return {}
-    hidden = prompt_hidden_states(model, rows, batch_size=batch_size, attention=attention)
+    cap = min(batch_tokens or max_tokens, max_tokens)  # a forward's padded tokens: no more than the whole pass's
+    hidden = prompt_hidden_states(model, rows, batch_size=batch_size, batch_tokens=cap, attention=attention)
     return entropy_floor_stats(head.weight, hidden, softcap=head.softcap)
 

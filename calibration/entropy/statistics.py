@@ -21,12 +21,14 @@ import torch
 
 from calibration.entropy.bound import entropy_floor
 
+CHUNK_ELEMENTS = 1 << 24  # float32 logits computed at a time
+
 STATS = ("sigma_c", "sigma_h_max", "sigma_h_p999", "rho", "entropy_floor", "mean_entropy")  # the keys, in order
 QUANTILE = 0.999
 
 
 def entropy_floor_stats(head_weight: torch.Tensor, hidden: torch.Tensor, *, softcap: float | None = None,
-                        chunk_elements: int = 1 << 24) -> dict[str, float]:
+                        chunk_elements: int = CHUNK_ELEMENTS) -> dict[str, float]:
     """``STATS`` of the head ``head_weight`` (|V|, D) over the hidden states ``hidden`` (..., D) (module doc).
 
     Logits are computed in float32 (float64 for float64 inputs), at most ``chunk_elements`` of them at a time.

@@ -124,3 +124,29 @@ def test_batches_hold_at_most_batch_size_rows_and_batch_tokens_padded_tokens():
             assert len(batch) <= batch_size
             assert len(batch) == 1 or batch_tokens is None or len(batch) * len(batch[0].tokens) <= batch_tokens
     assert [len(b) for b in batches(rows, 100, 50)] == [1, 1, 2, 5, 2]  # 60 | 40 | 25,12 | 9,7,7,3,2 | 2,1
+
+
+def test_a_row_batch_counts_the_prefix_each_row_gathers_against_batch_tokens(llama, tokenizer, shared_data):
+    """Each row runs off a copy of its group's prefix cache: a forward of R rows off a prefix W wide holds R x (W +
+    row width) tokens of keys and values, and batch_tokens caps that (here: at most 3 of 8 questions, one row each,
+    off their subject's 5-shot prefix, where counting the rows alone would put all 8 in one forward)."""
+    chosen = load_prompts(TASKS["mmlu"], data_dir=shared_data, limit=8)[1]
+    groups = plan(tokenizer, chosen)
+    prefix, row = len(groups[0].prefix), max(len(r.tokens) for r in groups[0].rows)
+    cap = 3 * (prefix + row)
+    held = []
+
+    def record(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        if kwargs.get("past_key_values") is not None:  # a row batch (a chunk's prefix runs without a cache)
+            held.append(mask.shape[0] * mask.shape[1])
+
+    hook = llama.get_decoder().register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        got = score_prompts(llama, tokenizer, chosen, batch_size=64, batch_tokens=cap)
+    finally:
+        hook.remove()
+    assert len(groups) == 1 and sum(len(g.rows) for g in groups) == 8 and 8 * row <= cap
+    assert len(held) >= 3 and max(held) <= cap
+    for prompt, g in zip(chosen, got):
+        np.testing.assert_allclose(g, reference_loglik(llama, tokenizer, prompt), rtol=0, atol=2e-4)

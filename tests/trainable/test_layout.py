@@ -8,9 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from common.models import REGISTRY
-from trainable.config import TrainConfig
-from trainable.layout import (GIB, ModelShape, budget_bytes, gpu_hours, model_shape, peak_bytes, phase_peaks,
-                              plan_layout, planned_stage, with_layout, zero_buckets)
+from trainable import trial_memory
+from trainable.config import TrainConfig, TrialConfig
+from trainable.layout import (GIB, SCORING_TOKENS_MAX, ModelShape, budget_bytes, entropy_stats_bytes, gpu_hours,
+                              model_shape, peak_bytes, phase_peaks, plan_layout, planned_scoring_tokens, planned_stage,
+                              scoring_activation_bytes, with_layout, zero_buckets)
 
 MEASUREMENTS = Path(__file__).parents[2] / "docs" / "measurements"
 RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",
@@ -28,7 +30,9 @@ RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",
            MEASUREMENTS / "2026-11-29c-h200x2" / "memory_at_peak_1b_mb4_h200.json",
            MEASUREMENTS / "2026-11-29c-h200x2" / "memory_at_peak_1b_mb8_h200.json",
            MEASUREMENTS / "2026-11-29c-h200x2" / "row_8b_zero2_40_steps_h200x2.json",
-           MEASUREMENTS / "2026-11-29c-h200x2" / "bench_rows_mb8_h200x2.json")
+           MEASUREMENTS / "2026-11-29c-h200x2" / "bench_rows_mb8_h200x2.json",
+           MEASUREMENTS / "2026-11-29d-h200x2" / "bench_rows_mb8_h200x2.json",
+           MEASUREMENTS / "2026-11-29d-h200" / "bench_row_1b_h200.json")
 SHAPES = {"1b": model_shape(REGISTRY["llama-3.2-1b"]), "8b": model_shape(REGISTRY["llama-3.1-8b"])}
 H100, H200 = 79.6 * GIB, 139.8 * GIB
 
@@ -71,7 +75,9 @@ def test_memory_model_bounds_the_measured_peaks(record):
 
 
 TRIAL_ROWS = sorted([*(MEASUREMENTS / "2026-11-28e-h200x4" / "trials_250").glob("*.parquet"),
-                     *(MEASUREMENTS / "2026-11-29c-h200x2" / "trials_mb8").glob("*.parquet")])
+                     *(MEASUREMENTS / "2026-11-29c-h200x2" / "trials_mb8").glob("*.parquet"),
+                     *(MEASUREMENTS / "2026-11-29d-h200x2" / "trials_mb8").glob("*.parquet"),
+                     *(MEASUREMENTS / "2026-11-29d-h200" / "trials_defaults").glob("*.parquet")])
 
 
 def _stored_trial(path: Path) -> tuple[dict, dict, ModelShape]:
@@ -105,6 +111,63 @@ def test_memory_model_bounds_the_stored_trials_loads(path):
                             accumulation=row["gradient_accumulation_steps"])["load"] / GIB
     measured = json.loads(row["gpu_phase_peaks"])["load"][0]
     assert 0.75 * predicted <= measured <= predicted, (measured, predicted)
+
+
+@pytest.mark.parametrize("path", TRIAL_ROWS, ids=lambda p: f"{p.parent.name}:{p.stem[-30:]}")
+def test_memory_model_bounds_the_stored_trials_scoring(path):
+    """The scoring phase (forwards of ``trial_memory.scoring_tokens``: ``eval.batch_size`` rows of ``max_seq_len``
+    where a trial set no token cap, the planned cap under ``auto``; then the entropy statistics) at or above each
+    stored trial's measured scoring peak: the 1B trials at a batch of 8 measured 8.22 GiB where their forwards alone
+    said 8.16 (the statistics' float32 head, 0.98 GiB, since counted); at the defaults 8.47 against 8.66."""
+    row, config, shape = _stored_trial(path)
+    trial = TrialConfig.from_dict(config)
+    seq_len = config["sft"]["max_seq_len"]
+    tokens = trial_memory.scoring_tokens(shape, trial, row["engine"], row["zero_stage"], row["world_size"], seq_len,
+                                         row["activation_checkpointing"])
+    predicted = phase_peaks(shape, row["zero_stage"], row["world_size"], row["micro_batch_size"], seq_len,
+                            row["activation_checkpointing"], engine=row["engine"],
+                            accumulation=row["gradient_accumulation_steps"], scoring_tokens=tokens)["score"] / GIB
+    assert json.loads(row["gpu_phase_peaks"])["score"][0] <= predicted
+
+
+SCORING_RECORDS = sorted((MEASUREMENTS / "2026-11-29d-h200").glob("scoring_*.json"))
+
+
+@pytest.mark.parametrize("path", SCORING_RECORDS, ids=lambda p: p.stem)
+def test_scoring_model_bounds_the_scoring_benchmarks_passes(path):
+    """``bench_scoring_batch.py`` on an H200 (ARC-Easy, MMLU 5-shot and HellaSwag, 400 questions each; 1B and 8B):
+    each pass's peak above the model at or below its prediction, the forwards' at a token cap of at most
+    ``SCORING_TOKENS_MAX`` within 2x (keys and values counted twice: the chunk's prefix and the rows' gathered
+    copies), the entropy statistics' within 20% (ARC-Easy's 64 short contexts hold fewer than ``MAX_TOKENS`` tokens;
+    entries at a cap above ``SCORING_TOKENS_MAX`` ran before the statistics' forwards were held to ``MAX_TOKENS``)."""
+    report = json.loads(path.read_text())
+    shape = SHAPES[report["model"].removeprefix("random-init ")]
+    entries = [e for e in report["entries"] if (e["batch_tokens"] or 0) <= SCORING_TOKENS_MAX]
+    assert entries
+    for entry in entries:
+        if entry["batch_tokens"] is not None:
+            predicted = scoring_activation_bytes(shape, entry["batch_tokens"]) / GIB
+            assert 0.5 * predicted <= entry["score_peak_gib"] <= predicted, entry
+        predicted = entropy_stats_bytes(shape) / GIB
+        assert 0.8 * predicted <= entry["entropy_peak_gib"] <= predicted, entry
+
+
+@pytest.mark.parametrize("shape, layout, tokens", [
+    ("1b", (3, 1, 4, 2048, 0, None, "fsdp2"), SCORING_TOKENS_MAX),  # room for far more: the cap
+    ("1b", (0, 1, 1, 512, 16, None, "deepspeed"), 15523),  # room for 15,523 tokens under the training step
+    ("8b", (3, 2, 1, 2048, 32, None, "deepspeed"), 8037),  # ZeRO-3 keeps its states: the entropy statistics' room
+])
+def test_auto_scoring_tokens_fill_the_room_under_the_trials_other_phases(shape, layout, tokens):
+    shape = SHAPES[shape]
+    planned = planned_scoring_tokens(shape, *layout)
+    assert planned == tokens
+    peaks = phase_peaks(shape, *layout, scoring_tokens=planned)
+    score = peaks.pop("score")
+    fixed = score - max(scoring_activation_bytes(shape, planned), entropy_stats_bytes(shape))
+    assert score <= max(*peaks.values(), fixed + entropy_stats_bytes(shape))
+    if planned < SCORING_TOKENS_MAX:  # one more token would not fit
+        assert fixed + scoring_activation_bytes(shape, planned + 1) > max(*peaks.values(),
+                                                                         fixed + entropy_stats_bytes(shape))
 
 
 def test_records_cover_every_stage_and_recompute():

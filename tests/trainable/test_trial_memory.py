@@ -12,7 +12,7 @@ from transformers import LlamaConfig
 
 from trainable import trial_memory
 from trainable.config import TrialConfig
-from trainable.layout import GIB, ModelShape, plan_layout, with_layout
+from trainable.layout import GIB, SCORING_TOKENS_MAX, ModelShape, plan_layout, planned_scoring_tokens, with_layout
 
 LLAMA_8B = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, head_dim=128)
@@ -47,6 +47,23 @@ def test_a_trials_predicted_peak_is_its_planned_layouts(config, gpu_gib, sequenc
     # and while scoring: those phases peak above its training steps; FSDP2 frees its optimizer states first
     below = layout.engine == "fsdp2" or layout.zero_stage < 3
     assert (max(predicted["export"], predicted["score"]) < predicted["train"]) == below
+
+
+def test_scoring_tokens_are_the_configs_or_planned_under_auto():
+    """``eval.batch_tokens``: a number as set; None (no cap) ``eval.batch_size`` rows of the row width; ``auto`` (the
+    default) the layout's ``planned_scoring_tokens``; no tasks, none."""
+    shape = ModelShape.from_config(LLAMA_8B)
+    args = (shape, "deepspeed", 3, 2, 2048, 32)  # ZeRO-3 keeps its states: less room than the cap
+    def tokens(**eval_keys):
+        return trial_memory.scoring_tokens(args[0], dataclasses.replace(TRIAL, eval=dataclasses.replace(
+            TRIAL.eval, **eval_keys)), *args[1:])
+
+    planned = planned_scoring_tokens(shape, 3, 2, TRIAL.train.micro_batch_size, 2048, 32,
+                                     trial_memory._layout_args(shape, TRIAL, "deepspeed", 3, 2, 2048, 32)["zero"])
+    assert TRIAL.eval.batch_tokens == "auto" and tokens() == planned and 2048 < planned < SCORING_TOKENS_MAX
+    assert tokens(batch_tokens=4096) == 4096
+    assert tokens(batch_tokens=None, batch_size=8) == 8 * 2048
+    assert tokens(tasks=()) == 0
 
 
 def test_no_prediction_off_cuda_or_outside_bf16():
