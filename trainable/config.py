@@ -109,7 +109,7 @@ class EvalConfig:
 
     tasks: tuple[str, ...] = DEFAULT_TASKS  # names in calibration.task_config.TASKS; [] trains without scoring
     limit: int | None = None  # first K questions of each task; None = all
-    batch_size: int = 256  # rows per forward, at most
+    batch_size: int | str = "auto"  # rows a forward, at most; auto: 256 on a GPU, 8 on the CPU
     batch_tokens: int | str | None = "auto"  # padded tokens a forward at most; auto: what the peak leaves; None: no cap
     n_bins: int = 15  # confidence bins of ECE and the binned metrics
     temperature_scaling: bool = False  # also score each task's held-out split, fit T there, report *_ts metrics
@@ -236,7 +236,9 @@ def _check_sft(c: SFTConfig) -> list[str]:
 
 
 def _check_eval(c: EvalConfig) -> list[str]:
-    problems = _positive("limit", c.limit, allow_none=True) + _positive("batch_size", c.batch_size)
+    problems = _positive("limit", c.limit, allow_none=True)
+    if not (c.batch_size == "auto" or type(c.batch_size) is int and c.batch_size > 0):
+        problems.append(f"batch_size: expected 'auto' or a whole number > 0, got {c.batch_size!r}")
     tokens = c.batch_tokens
     if not (tokens is None or tokens == "auto" or type(tokens) is int and tokens > 0):
         problems.append(f"batch_tokens: expected 'auto', a whole number > 0 or null (no cap), got {c.batch_tokens!r}")

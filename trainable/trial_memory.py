@@ -24,6 +24,10 @@ from trainable.layout import GIB, ModelShape, phase_peaks, planned_scoring_token
 # own, said out loud. Expandable segments halved the 8B row on two H100s (3,062 against 6,160 tokens/s per GPU,
 # 2026-11-28, docs/results.md) for fewer cudaMalloc retries (18 against 24), so they stay off
 ALLOC_CONF_ENV, DEFAULT_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False"
+# eval.batch_size: auto, rows a scoring forward takes per device: many on a GPU, where forwards of 8 rows are bound by
+# kernel launches (ARC-Easy 400 on an H200, 1B: 0.66 s at 256 rows against 4.78 at 8); 8 on the CPU, where 256 made
+# the default sweep's scoring 1.5x slower (SmolLM2-135M; bench_scoring_batch.py, docs/results.md)
+SCORING_ROWS = {"cuda": 256, "cpu": 8}
 OOM_PEAK = "gpu_peak_gib"  # the attribute of an out-of-memory error that carries its rank's peak (GiB)
 _ALLOCATED = re.compile(r"([\d.]+) (GiB|MiB) is allocated by PyTorch")  # the CUDA caching allocator's message
 
@@ -126,20 +130,28 @@ def shape_phase_peaks_gib(shape: ModelShape, trial: TrialConfig, engine: str, ze
     return {name: value / GIB for name, value in phase_peaks(shape, **layout, scoring_tokens=tokens).items()}
 
 
+def scoring_batch(shape: ModelShape, trial: TrialConfig, engine: str, zero_stage: int, world_size: int, seq_len: int,
+                  checkpointed: int, device_type: str) -> tuple[int, int | None]:
+    """(rows, padded tokens) a scoring forward of the trial takes at most on a ``device_type`` device:
+    ``eval.batch_size`` as set, under ``auto`` the device's ``SCORING_ROWS``; ``eval.batch_tokens`` as set (None: no
+    cap), under ``auto`` ``trainable.layout.planned_scoring_tokens`` of the layout that ran."""
+    rows = SCORING_ROWS.get(device_type, SCORING_ROWS["cpu"]) if trial.eval.batch_size == "auto" \
+        else trial.eval.batch_size
+    tokens = trial.eval.batch_tokens
+    if tokens == "auto":
+        tokens = planned_scoring_tokens(shape, **_layout_args(shape, trial, engine, zero_stage, world_size, seq_len,
+                                                              checkpointed))
+    return rows, tokens
+
+
 def scoring_tokens(shape: ModelShape, trial: TrialConfig, engine: str, zero_stage: int, world_size: int,
                    seq_len: int, checkpointed: int) -> int:
-    """Padded tokens a scoring forward of the trial takes, at most: ``eval.batch_tokens`` as set; under ``auto``
-    ``trainable.layout.planned_scoring_tokens`` of the layout that ran; with no cap (None) ``eval.batch_size`` rows
-    of ``seq_len``; 0 where the trial scores no task."""
-    batch_tokens = trial.eval.batch_tokens
+    """What the memory model counts for a trial's scoring forwards on a GPU (``scoring_batch``): its token cap, else
+    its rows of ``seq_len``; 0 where the trial scores no task."""
     if not trial.eval.tasks:
         return 0
-    if batch_tokens is None:
-        return trial.eval.batch_size * seq_len
-    if batch_tokens == "auto":
-        return planned_scoring_tokens(shape, **_layout_args(shape, trial, engine, zero_stage, world_size, seq_len,
-                                                            checkpointed))
-    return batch_tokens
+    rows, tokens = scoring_batch(shape, trial, engine, zero_stage, world_size, seq_len, checkpointed, "cuda")
+    return rows * seq_len if tokens is None else tokens
 
 
 def _layout_args(shape: ModelShape, trial: TrialConfig, engine: str, zero_stage: int, world_size: int, seq_len: int,

@@ -442,8 +442,8 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     """Calibration of the trained model on ``eval.tasks`` (with an ATS head where ``eval.ats`` says), its questions
     stored (rank 0), and the entropy floor's inputs on the evaluation prompts (rank 0's scorer alone: no
     collective, ``calibration.entropy.prompt_states``). Under FSDP2 rank 0 scores its gathered plain copy, made
-    after the optimizer's states are freed (training is over). Forwards take ``eval.batch_size`` rows and
-    ``trial_memory.scoring_tokens`` padded tokens at most (the layout that trained, ``recomputed`` layers)."""
+    after the optimizer's states are freed (training is over). Forwards take ``trial_memory.scoring_batch`` rows and
+    padded tokens at most (the layout that trained, ``recomputed`` layers)."""
     from calibration.entropy.prompt_states import evaluation_entropy_stats
     from calibration.evaluate import evaluate_model
 
@@ -459,20 +459,20 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     if scorer is None:
         return Scores({}, None, {}, time.time() - started)
     tokenizer, backends = setup.tokenizer, setup.attention.backends
-    tokens = trial_memory.scoring_tokens(trial_memory.model_shape(setup.model.config, setup.facts["n_params"]), trial,
-                                         trial_engine(setup.engine), setup.engine.zero_optimization_stage(),
-                                         world_size, setup.row_width, recomputed)
+    rows, tokens = trial_memory.scoring_batch(trial_memory.model_shape(setup.model.config, setup.facts["n_params"]),
+                                              trial, trial_engine(setup.engine), setup.engine.zero_optimization_stage(),
+                                              world_size, setup.row_width, recomputed, device.type)
     ats_head = trial_ats_head(scorer, tokenizer, trial, progress=rank == 0) if trial.eval.ats.enabled else None
     result = evaluate_model(scorer, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir, limit=trial.eval.limit,
-                            batch_size=trial.eval.batch_size, batch_tokens=tokens,
+                            batch_size=rows, batch_tokens=tokens,
                             n_bins=trial.eval.n_bins, heldout=trial.eval.temperature_scaling, progress=rank == 0,
                             attention=backends, prompt_cache=cache_dir() / "prompts", ats_head=ats_head)
     entropy = {}
     if rank == 0:
         writers.write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)
         entropy = evaluation_entropy_stats(scorer, tokenizer, trial.eval.tasks, data_dir=trial.data_dir,
-                                           limit=trial.eval.limit, batch_size=trial.eval.batch_size,
-                                           batch_tokens=tokens, attention=backends)
+                                           limit=trial.eval.limit, batch_size=rows, batch_tokens=tokens,
+                                           attention=backends)
     del scorer
     return Scores(result.summary, result.records, entropy, time.time() - started)
 

@@ -164,7 +164,7 @@ def test_a_mixed_grid_sweep_plans_its_8b_family_on_two_gpus(tmp_path):
     assert [sweep.layout(f).workers for f in sweep.families] == [2, 1]
     # what a user would leave is left: the scoring batch, the retries, the checkpoints
     assert (sweep.eval.batch_size, sweep.eval.batch_tokens, sweep.resources.max_failures,
-            sweep.train.checkpoint_every_steps) == (256, "auto", 1, None)
+            sweep.train.checkpoint_every_steps) == ("auto", "auto", 1, None)
     assert not {"batch_size", "batch_tokens"} & set(config["eval"]) and "max_failures" not in config["resources"]
     # 8 sequences a step: on H200s the 8B shards over two (ZeRO-2, 4 each), the 1B takes one GPU at 8 x 1
     config = bench.sweep_config(argparse.Namespace(**{**vars(args), "micro_batch": 8}), tmp_path, warm=True)

@@ -55,6 +55,7 @@ def test_default_config_is_the_four_trial_grid():
      "config.eval.batch_tokens: expected 'auto', a whole number > 0 or null (no cap), got 0"),
     ({"eval": {"batch_tokens": "lots"}},
      "config.eval.batch_tokens: expected 'auto', a whole number > 0 or null (no cap), got 'lots'"),
+    ({"eval": {"batch_size": 0}}, "config.eval.batch_size: expected 'auto' or a whole number > 0, got 0"),
     ({"train": {"micro_batch_size": "eight"}}, "config.train.micro_batch_size: expected int, got 'eight'"),
     ({"train": {"micro_batch_size": 2.5}}, "config.train.micro_batch_size: expected int, got 2.5"),
     ({"train": {"checkpoint_every_steps": 0}}, "config.train.checkpoint_every_steps: expected a number > 0, got 0"),

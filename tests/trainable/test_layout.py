@@ -115,8 +115,8 @@ def test_memory_model_bounds_the_stored_trials_loads(path):
 
 @pytest.mark.parametrize("path", TRIAL_ROWS, ids=lambda p: f"{p.parent.name}:{p.stem[-30:]}")
 def test_memory_model_bounds_the_stored_trials_scoring(path):
-    """The scoring phase (forwards of ``trial_memory.scoring_tokens``: ``eval.batch_size`` rows of ``max_seq_len``
-    where a trial set no token cap, the planned cap under ``auto``; then the entropy statistics) at or above each
+    """The scoring phase (forwards of ``trial_memory.scoring_tokens``: a GPU's rows of ``max_seq_len`` where a trial
+    set no token cap, the planned cap under ``auto``; then the entropy statistics) at or above each
     stored trial's measured scoring peak: the 1B trials at a batch of 8 measured 8.22 GiB where their forwards alone
     said 8.16 (the statistics' float32 head, 0.98 GiB, since counted); at the defaults 8.47 against 8.66."""
     row, config, shape = _stored_trial(path)

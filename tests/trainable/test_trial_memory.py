@@ -49,21 +49,27 @@ def test_a_trials_predicted_peak_is_its_planned_layouts(config, gpu_gib, sequenc
     assert (max(predicted["export"], predicted["score"]) < predicted["train"]) == below
 
 
-def test_scoring_tokens_are_the_configs_or_planned_under_auto():
-    """``eval.batch_tokens``: a number as set; None (no cap) ``eval.batch_size`` rows of the row width; ``auto`` (the
-    default) the layout's ``planned_scoring_tokens``; no tasks, none."""
+def test_scoring_batch_is_the_configs_or_the_devices_and_the_layouts_under_auto():
+    """``eval.batch_size``: a number as set, ``auto`` (the default) 256 rows on a GPU and 8 on the CPU;
+    ``eval.batch_tokens``: a number as set, None no cap, ``auto`` (the default) the layout's ``planned_scoring_tokens``.
+    The memory model counts the cap, else the GPU's rows of the row width; no tasks, nothing."""
     shape = ModelShape.from_config(LLAMA_8B)
     args = (shape, "deepspeed", 3, 2, 2048, 32)  # ZeRO-3 keeps its states: less room than the cap
-    def tokens(**eval_keys):
-        return trial_memory.scoring_tokens(args[0], dataclasses.replace(TRIAL, eval=dataclasses.replace(
-            TRIAL.eval, **eval_keys)), *args[1:])
+
+    def trial(**eval_keys):
+        return dataclasses.replace(TRIAL, eval=dataclasses.replace(TRIAL.eval, **eval_keys))
 
     planned = planned_scoring_tokens(shape, 3, 2, TRIAL.train.micro_batch_size, 2048, 32,
                                      trial_memory._layout_args(shape, TRIAL, "deepspeed", 3, 2, 2048, 32)["zero"])
-    assert TRIAL.eval.batch_tokens == "auto" and tokens() == planned and 2048 < planned < SCORING_TOKENS_MAX
-    assert tokens(batch_tokens=4096) == 4096
-    assert tokens(batch_tokens=None, batch_size=8) == 8 * 2048
-    assert tokens(tasks=()) == 0
+    assert (TRIAL.eval.batch_size, TRIAL.eval.batch_tokens) == ("auto", "auto") and 2048 < planned < SCORING_TOKENS_MAX
+    assert trial_memory.scoring_batch(args[0], TRIAL, *args[1:], "cuda") == (256, planned)
+    assert trial_memory.scoring_batch(args[0], TRIAL, *args[1:], "cpu") == (8, planned)
+    assert trial_memory.scoring_batch(args[0], trial(batch_size=32, batch_tokens=None), *args[1:], "cpu") == (32, None)
+    assert trial_memory.scoring_tokens(args[0], TRIAL, *args[1:]) == planned
+    assert trial_memory.scoring_tokens(args[0], trial(batch_tokens=4096), *args[1:]) == 4096
+    assert trial_memory.scoring_tokens(args[0], trial(batch_tokens=None), *args[1:]) == 256 * 2048
+    assert trial_memory.scoring_tokens(args[0], trial(batch_tokens=None, batch_size=8), *args[1:]) == 8 * 2048
+    assert trial_memory.scoring_tokens(args[0], trial(tasks=()), *args[1:]) == 0
 
 
 def test_no_prediction_off_cuda_or_outside_bf16():
