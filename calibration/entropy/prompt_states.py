@@ -45,8 +45,8 @@ def prompt_hidden_states(model: Any, rows: Sequence[Sequence[int]], *, batch_siz
     """(sum of row lengths, D): the decoder's last hidden state at every position of every row, rows in order.
 
     Rows are batched longest first, at most ``batch_size`` rows and ``batch_tokens`` padded tokens a forward
-    (right-padded, padding masked and dropped). Runs without gradients on the
-    model's device, in eval mode (restored after); ``attention`` narrows the SDPA kernels as the scorer does.
+    (right-padded, padding masked and dropped). Runs without gradients on the model's device, in eval mode
+    (restored after); ``attention`` narrows the SDPA kernels as the scorer does.
     """
     if not rows or any(len(row) == 0 for row in rows) or batch_size < 1:
         raise ValueError(f"expected non-empty token rows and batch_size >= 1, got {len(rows)} rows "
