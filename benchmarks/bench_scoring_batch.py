@@ -34,11 +34,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file from any directory, uninstalled
+from benchmarks import memory_at_peak  # noqa: E402
 from benchmarks.bench_sft_throughput import SHAPES, _model  # noqa: E402
 from calibration.entropy.prompt_states import evaluation_entropy_stats  # noqa: E402
 from calibration.evaluate import evaluate_model  # noqa: E402
 from common.provenance import git_revision  # noqa: E402
-from benchmarks import memory_at_peak  # noqa: E402
 from trainable.layout import (ModelShape, entropy_stats_bytes, planned_scoring_tokens,  # noqa: E402
                               scoring_activation_bytes)
 

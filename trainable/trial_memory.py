@@ -108,11 +108,11 @@ def predicted_phase_peaks_gib(model_config: Any, params: int, trial: TrialConfig
     parameters), the engine's stage, micro-batch, accumulation and recomputed layers, ZeRO's buckets as
     ``deepspeed_config`` set them, the export (``train.save_model``) and scoring forwards of ``scoring_tokens``.
     None where the model does not apply: off CUDA, or in another precision than bf16."""
-    return shape_phase_peaks_gib(model_shape(model_config, params), trial, engine, zero_stage, world_size, seq_len,
+    return shape_phase_peaks_gib(loaded_shape(model_config, params), trial, engine, zero_stage, world_size, seq_len,
                                  checkpointed, precision, device.type)
 
 
-def model_shape(model_config: Any, params: int) -> ModelShape:
+def loaded_shape(model_config: Any, params: int) -> ModelShape:
     """The ``ModelShape`` of a loaded model's config (a multimodal one's text config) with ``params`` parameters."""
     config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     return ModelShape.from_config(config, params)

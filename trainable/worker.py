@@ -459,7 +459,7 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     if scorer is None:
         return Scores({}, None, {}, time.time() - started)
     tokenizer, backends = setup.tokenizer, setup.attention.backends
-    rows, tokens = trial_memory.scoring_batch(trial_memory.model_shape(setup.model.config, setup.facts["n_params"]),
+    rows, tokens = trial_memory.scoring_batch(trial_memory.loaded_shape(setup.model.config, setup.facts["n_params"]),
                                               trial, trial_engine(setup.engine), setup.engine.zero_optimization_stage(),
                                               world_size, setup.row_width, recomputed, device.type)
     ats_head = trial_ats_head(scorer, tokenizer, trial, progress=rank == 0) if trial.eval.ats.enabled else None
