@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from sweeps.config import SweepConfig
-from sweeps.trial_cost import fixed_gpu_hours
+from sweeps.trial_cost import fixed_gpu_hours, started_processes
 
 
 def trial_tokens(sweep: SweepConfig, family: str, sft_rows: int | None) -> float | None:
@@ -56,18 +56,28 @@ def scored_questions(sweep: SweepConfig) -> float:
 
 def family_gpu_hours(sweep: SweepConfig, family: str, sft_rows: int | None, gpus: int | None = None) -> float | None:
     """Predicted GPU-hours of the family's planned trials, each run to its end: training plus load, scoring and
-    export per trial and start and compile per actor (``sweeps.trial_cost``, its actors from the cluster's
-    ``gpus``); None without a readable shape, a fitting layout or known steps."""
+    export per trial, start per process it starts and compile per actor it runs on (``sweeps.trial_cost``, its
+    actors from the cluster's ``gpus``); None without a readable shape, a fitting layout or known steps."""
     from trainable.layout import gpu_hours
 
     shape, tokens = sweep.shape(family), trial_tokens(sweep, family, sft_rows)
     if shape is None or tokens is None or sweep.layout_problem(family):
         return None
-    seq_len, layout, trials = sweep.row_length, sweep.layout(family), \
-        family_trials(sweep)[family]
+    seq_len, layout, trials = sweep.row_length, sweep.layout(family), family_trials(sweep)[family]
     fixed = fixed_gpu_hours(shape, layout, trials, scored_questions(sweep), sweep.train.save_model, gpus,
-                            sweep.resources.warm_trials)
+                            sweep.resources.warm_trials, family_processes(sweep, gpus)[family])
     return trials * gpu_hours(shape, layout, tokens, seq_len) + fixed
+
+
+def family_processes(sweep: SweepConfig, gpus: int | None) -> dict[str, int]:
+    """Processes each family starts (``sweeps.trial_cost.started_processes``), the families in the order their
+    first trials are handed out (``sweeps.search.trial_order``: the longest first)."""
+    from sweeps.search import trial_order
+
+    order = list(dict.fromkeys(point.family for point in trial_order(sweep)))
+    trials = family_trials(sweep)
+    return started_processes(((f, sweep.layout(f).workers, trials[f]) for f in order), gpus,
+                             sweep.resources.warm_trials)
 
 
 def sweep_gpus(sweep: SweepConfig) -> int | None:

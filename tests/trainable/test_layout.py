@@ -77,7 +77,9 @@ def test_memory_model_bounds_the_measured_peaks(record):
 TRIAL_ROWS = sorted([*(MEASUREMENTS / "2026-11-28e-h200x4" / "trials_250").glob("*.parquet"),
                      *(MEASUREMENTS / "2026-11-29c-h200x2" / "trials_mb8").glob("*.parquet"),
                      *(MEASUREMENTS / "2026-11-29d-h200x2" / "trials_mb8").glob("*.parquet"),
-                     *(MEASUREMENTS / "2026-11-29d-h200" / "trials_defaults").glob("*.parquet")])
+                     *(MEASUREMENTS / "2026-11-29d-h200" / "trials_defaults").glob("*.parquet"),
+                     *(MEASUREMENTS / "2026-11-29e-h200x4" / "trials_250").glob("*.parquet"),
+                     *(MEASUREMENTS / "2026-11-29e-h200x4" / "trials_mb8").glob("*.parquet")])
 
 
 def _stored_trial(path: Path) -> tuple[dict, dict, ModelShape]:
@@ -86,7 +88,7 @@ def _stored_trial(path: Path) -> tuple[dict, dict, ModelShape]:
     return row, config, ModelShape.from_config(config["custom_models"][row["family"]]["config"])
 
 
-@pytest.mark.parametrize("path", TRIAL_ROWS, ids=lambda p: f"{p.parent.name}:{p.stem[-30:]}")
+@pytest.mark.parametrize("path", TRIAL_ROWS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}:{p.stem[-30:]}")
 def test_memory_model_bounds_the_stored_trials_training_peaks(path):
     """The training phase of the stored mixed-grid trials, re-predicted from each row's layout: at or above the
     measured peak and within 15%. 4 x H200: 8B alone on a GPU at micro-batch 1 x 4 with 22 layers recomputed (the
@@ -100,7 +102,7 @@ def test_memory_model_bounds_the_stored_trials_training_peaks(path):
     assert 0.85 * predicted <= measured <= predicted, (measured, predicted)
 
 
-@pytest.mark.parametrize("path", TRIAL_ROWS, ids=lambda p: f"{p.parent.name}:{p.stem[-30:]}")
+@pytest.mark.parametrize("path", TRIAL_ROWS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}:{p.stem[-30:]}")
 def test_memory_model_bounds_the_stored_trials_loads(path):
     """The load phase (``phase_peaks``' first: the model's load and the head's kernels compiled beside it) at or
     above each stored trial's measured load and within 25% of it; DeepSpeed's 8B trials on two H200s loaded
@@ -113,7 +115,7 @@ def test_memory_model_bounds_the_stored_trials_loads(path):
     assert 0.75 * predicted <= measured <= predicted, (measured, predicted)
 
 
-@pytest.mark.parametrize("path", TRIAL_ROWS, ids=lambda p: f"{p.parent.name}:{p.stem[-30:]}")
+@pytest.mark.parametrize("path", TRIAL_ROWS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}:{p.stem[-30:]}")
 def test_memory_model_bounds_the_stored_trials_scoring(path):
     """The scoring phase (forwards of ``trial_memory.scoring_tokens``: a GPU's rows of ``max_seq_len`` where a trial
     set no token cap, the planned cap under ``auto``; then the entropy statistics) at or above each
