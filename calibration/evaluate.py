@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pyarrow as pa
 from torch.nn.attention import SDPBackend
@@ -33,12 +33,35 @@ class EvalResult:
     config: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """One rank's share of the scoring: questions ``[n i / k, n (i + 1) / k)`` of each task's n, for ``index`` i of
+    ``count`` k; ``gather`` (a collective every rank calls, once per task and split) returns every rank's records
+    in rank order, so that each rank summarises the same records an unsharded pass gives."""
+
+    index: int
+    count: int
+    gather: Callable[[pa.Table], list[pa.Table]]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"expected 0 <= index < count, got index {self.index} of count {self.count}")
+
+    def share(self, n: int) -> slice:
+        """This rank's contiguous slice of ``n`` questions (a k-shot prefix shared within it)."""
+        return slice(n * self.index // self.count, n * (self.index + 1) // self.count)
+
+    def gathered(self, table: pa.Table) -> pa.Table:
+        """Every rank's ``table``, concatenated in rank order."""
+        return pa.concat_tables(self.gather(table))
+
+
 def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig] = DEFAULT_TASKS, *,
                    data_dir: str | Path | None = None, limit: int | None = None, batch_size: int = 8,
                    batch_tokens: int | None = None, progress: bool = True, heldout: bool = False, n_bins: int = 15,
                    n_boot: int = 0, share_prefix: bool = True,
                    attention: Sequence[SDPBackend] | None = None, prompt_cache: str | Path | None = None,
-                   ats_head: "TemperatureHead | None" = None) -> EvalResult:
+                   ats_head: "TemperatureHead | None" = None, shard: Shard | None = None) -> EvalResult:
     """Score ``tasks`` (the first ``limit`` questions of each) and summarise accuracy and calibration.
 
     The model is put in eval mode and restored afterwards. With ``heldout=True`` each task's ``fit_split`` is
@@ -47,7 +70,8 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig]
     None: any) narrows the scorer's own kernel set. ``prompt_cache``: directory of tokenised plans reused across
     calls with the same tokenizer and prompts (``calibration.prompt_cache``; None: tokenise every time).
     ``ats_head``: the same pass also scores with ATS (``calibration.ats``): records of split ``ats_split(split)``
-    and the ``*_ats`` metrics.
+    and the ``*_ats`` metrics. ``shard``: this rank scores its share of each task and every rank gets all records
+    (``Shard``); None: every question here.
     """
     configs = [resolve_task(t) for t in tasks]
     names = [c.name for c in configs]
@@ -64,16 +88,20 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: Sequence[str | TaskConfig]
             splits.append(with_split(config, config.fit_split))
         for part in splits:
             questions, prompts = load_prompts(part, data_dir=data_dir, limit=limit)
+            if shard is not None:
+                mine = shard.share(len(questions))
+                questions, prompts = questions[mine], prompts[mine]
             options = dict(batch_size=batch_size, batch_tokens=batch_tokens, share_prefix=share_prefix,
                            attention=attention, prompt_cache=prompt_cache, progress=progress,
                            desc=f"{part.name}/{part.split}")
             if ats_head is None:
-                tables.append(build_records(part.name, part.split, questions, prompts,
-                                            score_prompts(model, tokenizer, prompts, **options)))
-                continue
-            loglik, scaled = score_prompts_with_ats(model, tokenizer, prompts, ats_head, **options)
-            tables.append(build_records(part.name, part.split, questions, prompts, loglik))
-            tables.append(build_records(part.name, ats_split(part.split), questions, prompts, scaled))
+                parts = [build_records(part.name, part.split, questions, prompts,
+                                       score_prompts(model, tokenizer, prompts, **options))]
+            else:
+                loglik, scaled = score_prompts_with_ats(model, tokenizer, prompts, ats_head, **options)
+                parts = [build_records(part.name, part.split, questions, prompts, loglik),
+                         build_records(part.name, ats_split(part.split), questions, prompts, scaled)]
+            tables += parts if shard is None else [shard.gathered(t) for t in parts]
     records = pa.concat_tables(tables).cast(SCHEMA)
     temperatures = fit_temperatures(records, fit_split_of=fit_split_of) if fit_split_of else None
     summary, intervals = summarize(records, split_of=split_of, n_bins=n_bins, temperatures=temperatures,

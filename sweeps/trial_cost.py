@@ -5,8 +5,10 @@ For a model of P parameters on a layout of N GPUs, per trial (each term x N GPUs
     load    = P / LOAD_PARAMS_PER_S                           weights built (random init) or read, then sharded
     score   = Q x (SCORE_S_PER_QUESTION                       Q questions (the tasks at their limits, a k-shot
                    + P x SCORE_S_PER_QUESTION_PARAM)          one's counted k + 1 times:
-                                                              ``sweeps.layout_report.scored_questions``); rank 0
-                                                              scores them all while the other ranks wait
+              x (ENTROPY_SHARE + (1 - ENTROPY_SHARE) / N)     ``sweeps.layout_report.scored_questions``); where
+                                                              the ranks share the questions
+                                                              (``trainable.scoring_shard``), the calibration pass
+                                                              is split, the entropy statistics stay rank 0's
     export  = 2P / EXPORT_BYTES_PER_S                         bf16 weights written (``train.save_model`` only)
 per process a family's trials start (every trial when ``resources.warm_trials`` is off):
     start   = WORKER_START_S, + GROUP_START_S across GPUs     CUDA context, imports, the attention check; helper
@@ -29,13 +31,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from trainable.layout import Layout, ModelShape
+from trainable.scoring_shard import shares_questions
 
 # warm loads (no first-process costs): 8B 0.4-2.6 s for 8.03e9 parameters (2 GPUs), 1B 0.4-1.7 s for 1.24e9
 LOAD_PARAMS_PER_S = 3.5e9
-# warm scoring of 400 ARC-Easy questions at the default batch: 1B 1.13-1.27 s (one GPU), 8B 2.25-2.27 s (two GPUs,
-# rank 0 scoring): a + P b through both means (1.21 s and 2.26 s)
+# warm scoring of 400 ARC-Easy questions at the default batch: 1B 1.13-1.27 s (one GPU), 8B 2.25-2.27 s (two GPUs
+# under ZeRO-2, each scoring every question, as then): a + P b through both means (1.21 s and 2.26 s)
 SCORE_S_PER_QUESTION = 2.55e-3
 SCORE_S_PER_QUESTION_PARAM = 3.9e-13
+# the entropy statistics' share of a trial's scoring, rank 0's alone: 0.20-0.42 (bench_scoring_batch.py on an H200,
+# 1B and 8B, ARC-Easy and MMLU + HellaSwag at the default batch: docs/measurements/2026-11-29d-h200)
+ENTROPY_SHARE = 0.3
 # the first trial's scoring in a process over a warm one's: 8B 3.3-4.0 s against 2.26
 SCORE_COMPILE_S = 1.3
 # a one-GPU process's first trial over a warm trial, outside compile: framework 1.0 s against 0.6 and load 1.5-5.2
@@ -64,6 +70,8 @@ def trial_seconds(shape: ModelShape, layout: Layout, questions: float, export: b
     """Wall seconds of one warm trial outside training: load + score + export (module docstring)."""
     load = shape.params / LOAD_PARAMS_PER_S
     score = questions * (SCORE_S_PER_QUESTION + shape.params * SCORE_S_PER_QUESTION_PARAM)
+    if shares_questions(layout.workers, layout.zero_stage, layout.engine == "fsdp2"):
+        score *= ENTROPY_SHARE + (1 - ENTROPY_SHARE) / layout.workers
     return load + score + (2 * shape.params / EXPORT_BYTES_PER_S if export else 0.0)
 
 

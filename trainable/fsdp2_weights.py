@@ -1,8 +1,9 @@
-"""The trained weights of an FSDP2-sharded model as one plain copy on rank 0, for scoring and export.
+"""The trained weights of an FSDP2-sharded model as one plain copy on rank 0 (or on each rank), for scoring and
+export.
 
 Rank 0 makes an unsharded model of the same config on ``device``, in the dtype the engine computed in (bf16 under
 bf16, as DeepSpeed's 16-bit weights; float32 under fp32). Then, tensor by tensor of the state dict, the ranks gather
-the sharded tensor whole on their device (``DTensor.full_tensor``: an all-gather; a copy on one rank) and rank 0
+the sharded tensor whole on their device (``DTensor.full_tensor``: an all-gather) and rank 0 (each rank with a copy)
 casts it into its copy. Nothing passes through host memory; every rank's device holds one tensor more at a time, at
 most. Buffers that are not in the state dict (not sharded by FSDP2) are copied as they are.
 """
@@ -26,10 +27,11 @@ def resharded(model: nn.Module) -> nn.Module:
     return model
 
 
-def gathered_copy(model: nn.Module, device: torch.device, rank: int, dtype: torch.dtype) -> nn.Module | None:
-    """On rank 0, a plain Hugging Face model in ``dtype`` on ``device`` holding the full weights of the
-    FSDP2-sharded ``model``; None on other ranks. Collective: every rank must call it."""
-    copy = empty_copy(model, device, dtype) if rank == 0 else None
+def gathered_copy(model: nn.Module, device: torch.device, rank: int, dtype: torch.dtype,
+                  everywhere: bool = False) -> nn.Module | None:
+    """On rank 0 (on every rank with ``everywhere``), a plain Hugging Face model in ``dtype`` on ``device`` holding
+    the full weights of the FSDP2-sharded ``model``; None on other ranks. Collective: every rank must call it."""
+    copy = empty_copy(model, device, dtype) if rank == 0 or everywhere else None
     targets = copy.state_dict() if copy is not None else {}  # views of the copy's tensors: copy_ writes the model
     with torch.no_grad():
         for name, tensor in resharded(model).state_dict().items():

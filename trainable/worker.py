@@ -38,6 +38,7 @@ from trainable import fsdp2_engine, fsdp2_weights, trial_memory, zero3_scoring
 from trainable.deepspeed_setup import resolve_precision
 from trainable.lm_head import CausalLMWithFusedLoss, head_shape, precompile_fused_head
 from trainable.result import TrialResult
+from trainable.scoring_shard import scoring_shard
 from common.models import (ModelSpec, cache_dir, load_model, load_tokenizer, model_facts, random_init_config,
                            resolve_model)
 from trainable.node_setup import compile_counts, compile_counts_since, prepare_node, ray_node_id
@@ -441,8 +442,9 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
           writers: TrialWriters, recomputed: int) -> Scores:
     """Calibration of the trained model on ``eval.tasks`` (with an ATS head where ``eval.ats`` says), its questions
     stored (rank 0), and the entropy floor's inputs on the evaluation prompts (rank 0's scorer alone: no
-    collective, ``calibration.entropy.prompt_states``). Under FSDP2 rank 0 scores its gathered plain copy, made
-    after the optimizer's states are freed (training is over). Forwards take ``trial_memory.scoring_batch`` rows and
+    collective, ``calibration.entropy.prompt_states``). Across GPUs each rank scores its share of the questions
+    (``trainable.scoring_shard``): under ZeRO-0/1/2 with the model it trained, under FSDP2 with its gathered plain
+    copy, made after the optimizer's states are freed (training is over); under ZeRO-3 rank 0 scores them all. Forwards take ``trial_memory.scoring_batch`` rows and
     padded tokens at most (the layout that trained, ``recomputed`` layers)."""
     from calibration.entropy.prompt_states import evaluation_entropy_stats
     from calibration.evaluate import evaluate_model
@@ -451,11 +453,13 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     if not trial.eval.tasks:
         return Scores({}, None, {}, time.time() - started)
     setup.engine.eval()
-    if isinstance(setup.engine, fsdp2_engine.Fsdp2Engine):  # its optimizer states already freed (run_trial)
-        scorer = gather_for(setup.engine)(setup.model, device, rank)
+    fsdp2, stage = isinstance(setup.engine, fsdp2_engine.Fsdp2Engine), resolved_stage(trial.train, world_size)
+    shard = scoring_shard(rank, world_size, stage, fsdp2)
+    if fsdp2:  # its optimizer states already freed (run_trial)
+        scorer = fsdp2_weights.gathered_copy(setup.model, device, rank, setup.engine.compute_dtype,
+                                             everywhere=shard is not None)
     else:
-        scorer = zero3_scoring.scoring_model(setup.model, resolved_stage(trial.train, world_size), device, rank,
-                                             world_size)
+        scorer = zero3_scoring.scoring_model(setup.model, stage, device, rank, world_size)
     if scorer is None:
         return Scores({}, None, {}, time.time() - started)
     tokenizer, backends = setup.tokenizer, setup.attention.backends
@@ -466,7 +470,8 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     result = evaluate_model(scorer, tokenizer, tasks=trial.eval.tasks, data_dir=trial.data_dir, limit=trial.eval.limit,
                             batch_size=rows, batch_tokens=tokens,
                             n_bins=trial.eval.n_bins, heldout=trial.eval.temperature_scaling, progress=rank == 0,
-                            attention=backends, prompt_cache=cache_dir() / "prompts", ats_head=ats_head)
+                            attention=backends, prompt_cache=cache_dir() / "prompts", ats_head=ats_head,
+                            shard=shard)
     entropy = {}
     if rank == 0:
         writers.write_questions(trial.results_dir, trial.run_name, trial.trial_id, result.records)

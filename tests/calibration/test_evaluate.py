@@ -108,3 +108,57 @@ def test_rescore_cli_bad_sources_are_one_line_errors(tmp_path, capsys):
         assert err.startswith("python -m calibration.rescore: error: ") and str(source) in err
 
 
+
+
+def _sharded(model, tokenizer, count: int, **options) -> list[EvalResult]:
+    """``evaluate_model`` on ``count`` threads, each a rank with its ``Shard``; their gather meets at a barrier."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from calibration.evaluate import Shard
+
+    barrier, posted = threading.Barrier(count), {}
+
+    def gather(rank: int, table: pa.Table) -> list[pa.Table]:
+        posted[rank] = table
+        barrier.wait()
+        tables = [posted[r] for r in range(count)]
+        barrier.wait()  # every rank has read this round before any posts the next
+        return tables
+
+    with ThreadPoolExecutor(count) as pool:
+        runs = [pool.submit(evaluate_model, model, tokenizer, progress=False,
+                            shard=Shard(rank, count, lambda table, rank=rank: gather(rank, table)), **options)
+                for rank in range(count)]
+        return [run.result(timeout=600) for run in runs]
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_ranks_sharing_the_questions_give_the_records_and_summary_of_one_pass(llama, tokenizer, shared_data, count):
+    """Real 5-shot MMLU (a subject's prefix split between ranks), ARC-Easy with its held-out split and HellaSwag:
+    each rank scores its contiguous share, and every rank holds the one-pass records in the one-pass order, their
+    log-likelihoods within 1e-5 (float32, other batches), and the same summary."""
+    options = dict(tasks=("mmlu", "arc_easy", "hellaswag"), data_dir=shared_data, limit=7, heldout=True)
+    whole = evaluate_model(llama, tokenizer, progress=False, **options)
+    for result in _sharded(llama, tokenizer, count, **options):
+        for column in ("task", "split", "question_id", "gold", "correct"):
+            assert result.records[column].to_pylist() == whole.records[column].to_pylist(), column
+        for ours, one_pass in zip(result.records["loglik"].to_pylist(), whole.records["loglik"].to_pylist()):
+            np.testing.assert_allclose(ours, one_pass, rtol=0, atol=1e-5)
+        for task, metrics in whole.summary.items():
+            assert result.summary[task] == pytest.approx(metrics, abs=1e-6), task
+
+
+def test_a_rank_whose_share_is_empty_still_meets_the_others(llama, tokenizer, mini_data):
+    """Three ranks over two HellaSwag questions: rank 0 scores none and still takes part in each gather."""
+    whole = evaluate_model(llama, tokenizer, ("hellaswag",), data_dir=mini_data, progress=False)
+    results = _sharded(llama, tokenizer, 3, tasks=("hellaswag",), data_dir=mini_data)
+    assert [r.records.num_rows for r in results] == [2, 2, 2]
+    assert results[0].records["question_id"].to_pylist() == whole.records["question_id"].to_pylist()
+
+
+def test_a_shard_outside_its_count_is_refused():
+    from calibration.evaluate import Shard
+
+    with pytest.raises(ValueError, match="expected 0 <= index < count, got index 2 of count 2"):
+        Shard(2, 2, lambda table: [table])

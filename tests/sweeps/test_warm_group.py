@@ -4,7 +4,8 @@ one at a time run with one helper process, started as the first trial's driver b
 start), whose group the second and third trials reuse; the third gives the losses
 and scores of the same trial run cold (a Ray Train worker group of its own, about 30 s on two CPUs) bit for bit. A
 helper killed after the trial's first checkpoint: the trial is retried once and ends ok, resumed from that
-checkpoint, with the numbers of the same trial run through."""
+checkpoint, with the numbers of the same trial run through. Both ranks score (ZeRO-2: each its share of the
+questions) and rank 0 stores every question."""
 
 import math
 import os
@@ -98,6 +99,12 @@ def test_two_worker_trials_reuse_one_helper_and_match_cold_ones_bit_for_bit(tmp_
           f"max {figures['overhead_s_max']:.2f} s; first trial framework {figures['first_framework_s']} s; cold: "
           f"framework {summary(trial_overheads(cold))['first_framework_s']} s")
     assert figures["slots"] == 1 and figures["overhead_s_mean"] <= WARM_BOUND_S, figures
+
+    # ZeRO-2: each rank scored its share (trainable.scoring_shard), rank 0 stored all four questions of each trial
+    questions = store.read_questions(str(tmp_path / "results"), "warm").to_pylist()
+    for row in warm:
+        ids = [q["question_id"] for q in questions if q["trial_id"] == row["trial_id"]]
+        assert len(ids) == len(set(ids)) == 4, (row["trial_id"], ids)
 
     (twin,) = cold
     assert warm[2]["trial_id"] == twin["trial_id"]  # warm, the third in one group

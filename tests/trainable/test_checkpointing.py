@@ -6,11 +6,7 @@ tests/sweeps/test_trial_recovery.py."""
 
 import dataclasses
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +17,6 @@ from trainable import checkpointing
 from trainable.config import TrialConfig
 from trainable.fault_injection import FAULT_ENV, fault_step
 from trainable.worker import run_trial
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _trial(tiny_llama_config, data_dir, tmp_path, **train) -> TrialConfig:
     return TrialConfig.from_dict(dict(
@@ -91,53 +84,11 @@ def test_a_resumed_trial_continues_where_the_checkpoint_stood(uninterrupted, tmp
     _assert_same_continuation(full, final, again, resumed)
 
 
-# one rank of a two-rank gloo group: runs the trial (from a checkpoint folder if given), copies each checkpoint it
-# reports into <out>/<phase><step> (the ranks' parts merged, as Ray Train does) and writes its reports to <out>
-RANK = """
-import json, os, shutil, sys
-from pathlib import Path
-import torch, torch.distributed as dist
-from trainable.config import TrialConfig
-from sweeps import store
-from trainable.worker import run_trial
-config, out, resume = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-rank = int(os.environ["RANK"])
-dist.init_process_group("gloo", rank=rank, world_size=2)
-reports = []
-def keep(metrics, directory):
-    reports.append(metrics)
-    if directory is not None:
-        shutil.copytree(directory, out / f"{metrics['phase']}{metrics['step']}", dirs_exist_ok=True)
-run_trial(TrialConfig.from_dict(config), torch.device("cpu"), rank, 2, reports.append, keep,
-          Path(resume) if resume else None, writers=store.trial_writers())
-(out / f"reports{rank}.json").write_text(json.dumps(reports))
-dist.destroy_process_group()  # left to interpreter exit, gloo's threads can abort the process (std::terminate)
-sys.stdout.flush()
-os._exit(0)  # no interpreter teardown either: threads it would destroy still running can std::terminate the rank
-"""
-
-
-def _two_ranks(trial, out: Path, resume_from: Path | None = None) -> list[dict]:
-    """Rank 0's reports of the trial run by two processes (DS_ACCELERATOR=cpu, gloo)."""
-    out.mkdir(parents=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, json.dumps(trial.to_dict()), str(out),
-                               str(resume_from or "")], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    logs = [process.communicate(timeout=300)[0] for process in ranks]
-    assert all(process.returncode == 0 for process in ranks), logs[0][-3000:] + logs[1][-3000:]
-    return json.loads((out / "reports0.json").read_text())
-
-
 @pytest.mark.slow
-def test_two_zero3_ranks_save_their_shards_and_resume_from_them(tiny_llama_config, data_dir, tmp_path):
+def test_two_zero3_ranks_save_their_shards_and_resume_from_them(tiny_llama_config, data_dir, tmp_path, two_ranks):
     trial = _trial(tiny_llama_config, data_dir, tmp_path, zero_stage=3, engine="deepspeed", checkpoint_every_steps=None,
                    checkpoint_every_minutes=1e-9)  # the time rule, agreed across the ranks: due after every step
-    full = _two_ranks(trial, tmp_path / "full")  # from step 2: each step's flags are read at the next step
+    full = two_ranks(trial, tmp_path / "full")  # from step 2: each step's flags are read at the next step
     assert sorted(p.name for p in (tmp_path / "full").iterdir() if p.is_dir()) == \
         ["done4", "train2", "train3", "train4"]
     shards = sorted(p.name for p in (tmp_path / "full" / "train2" / "deepspeed" / "trial").iterdir())
@@ -147,7 +98,7 @@ def test_two_zero3_ranks_save_their_shards_and_resume_from_them(tiny_llama_confi
     assert {p.name for p in (tmp_path / "full" / "train2").glob("plan_history_rank*.json")} == \
         {"plan_history_rank0.json", "plan_history_rank1.json"}  # each rank's fused head's (empty: the CPU path plans none)
 
-    resumed = _two_ranks(dataclasses.replace(trial, results_dir=str(tmp_path / "again")), tmp_path / "again",
+    resumed = two_ranks(dataclasses.replace(trial, results_dir=str(tmp_path / "again")), tmp_path / "again",
                          resume_from=tmp_path / "full" / "train2")
     train = {r["step"]: r for r in full if r["phase"] == "train"}
     assert [(r["step"], r["train_loss"], r["lr"]) for r in resumed if r["phase"] == "train"] == \
@@ -158,13 +109,13 @@ def test_two_zero3_ranks_save_their_shards_and_resume_from_them(tiny_llama_confi
 
 
 @pytest.mark.slow
-def test_two_fsdp2_ranks_save_their_shards_and_resume_from_them(tiny_llama_config, data_dir, tmp_path):
+def test_two_fsdp2_ranks_save_their_shards_and_resume_from_them(tiny_llama_config, data_dir, tmp_path, two_ranks):
     trial = _trial(tiny_llama_config, data_dir, tmp_path, engine="fsdp2", zero_stage=3, max_steps=3,
                    checkpoint_every_steps=2)
-    full = _two_ranks(trial, tmp_path / "full")
+    full = two_ranks(trial, tmp_path / "full")
     saved = tmp_path / "full" / "train2" / checkpointing.DEEPSPEED_DIR / checkpointing.TAG
     assert {p.name for p in saved.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "schedule.json"}
-    resumed = _two_ranks(dataclasses.replace(trial, results_dir=str(tmp_path / "again")), tmp_path / "again",
+    resumed = two_ranks(dataclasses.replace(trial, results_dir=str(tmp_path / "again")), tmp_path / "again",
                          resume_from=tmp_path / "full" / "train2")
     train = {r["step"]: r for r in full if r["phase"] == "train"}
     assert [(r["step"], r["train_loss"], r["lr"]) for r in resumed if r["phase"] == "train"] == \
