@@ -32,6 +32,9 @@ RECORDS = (MEASUREMENTS / "2026-11-26-layout" / "sft_throughput_h200x2.json",
            MEASUREMENTS / "2026-11-29c-h200x2" / "row_8b_zero2_40_steps_h200x2.json",
            MEASUREMENTS / "2026-11-29c-h200x2" / "bench_rows_mb8_h200x2.json",
            MEASUREMENTS / "2026-11-29d-h200x2" / "bench_rows_mb8_h200x2.json",
+           MEASUREMENTS / "2026-11-29e-h200x4" / "bench_rows_h200x4.json",
+           MEASUREMENTS / "2026-11-29e-h200x4" / "bench_rows_mb8_h200x4.json",
+           MEASUREMENTS / "2026-11-29f-h200x2" / "bench_rows_mb8_h200x2.json",
            MEASUREMENTS / "2026-11-29d-h200" / "bench_row_1b_h200.json")
 SHAPES = {"1b": model_shape(REGISTRY["llama-3.2-1b"]), "8b": model_shape(REGISTRY["llama-3.1-8b"])}
 H100, H200 = 79.6 * GIB, 139.8 * GIB
@@ -77,6 +80,7 @@ def test_memory_model_bounds_the_measured_peaks(record):
 TRIAL_ROWS = sorted([*(MEASUREMENTS / "2026-11-28e-h200x4" / "trials_250").glob("*.parquet"),
                      *(MEASUREMENTS / "2026-11-29c-h200x2" / "trials_mb8").glob("*.parquet"),
                      *(MEASUREMENTS / "2026-11-29d-h200x2" / "trials_mb8").glob("*.parquet"),
+                     *(MEASUREMENTS / "2026-11-29f-h200x2" / "trials_mb8").glob("*.parquet"),
                      *(MEASUREMENTS / "2026-11-29d-h200" / "trials_defaults").glob("*.parquet"),
                      *(MEASUREMENTS / "2026-11-29e-h200x4" / "trials_250").glob("*.parquet"),
                      *(MEASUREMENTS / "2026-11-29e-h200x4" / "trials_mb8").glob("*.parquet")])
