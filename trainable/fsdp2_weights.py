@@ -1,10 +1,10 @@
 """The trained weights of an FSDP2-sharded model as one plain copy on rank 0 (or on each rank), for scoring and
 export.
 
-Rank 0 makes an unsharded model of the same config on ``device``, in the dtype the engine computed in (bf16 under
-bf16, as DeepSpeed's 16-bit weights; float32 under fp32). Then, tensor by tensor of the state dict, the ranks gather
-the sharded tensor whole on their device (``DTensor.full_tensor``: an all-gather) and rank 0 (each rank with a copy)
-casts it into its copy. Nothing passes through host memory; every rank's device holds one tensor more at a time, at
+Rank 0 (or each rank) makes an unsharded model of the same config on ``device``, in the dtype the engine computed
+in (bf16 under bf16, as DeepSpeed's 16-bit weights; float32 under fp32). Then, tensor by tensor of the state dict,
+the ranks gather the sharded tensor whole on their device (``DTensor.full_tensor``: an all-gather) and each rank
+with a copy casts it into its copy. Nothing passes through host memory; every rank's device holds one tensor more at a time, at
 most. Buffers that are not in the state dict (not sharded by FSDP2) are copied as they are.
 """
 

@@ -430,7 +430,8 @@ def train(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
 
 @dataclass
 class Scores:
-    """What the scoring phase measured (rank 0; other ranks under ZeRO-3 or FSDP2 help gather and get empty ones)."""
+    """What the scoring phase measured (every rank that scored; under DeepSpeed's ZeRO-3 the other ranks help gather
+    and get empty ones)."""
 
     summary: dict[str, dict[str, float]]  # task -> metric -> value (calibration.summary)
     records: Any  # the per-question records (pyarrow Table), or None
@@ -444,8 +445,9 @@ def score(trial: TrialConfig, setup: TrialSetup, device: torch.device, rank: int
     stored (rank 0), and the entropy floor's inputs on the evaluation prompts (rank 0's scorer alone: no
     collective, ``calibration.entropy.prompt_states``). Across GPUs each rank scores its share of the questions
     (``trainable.scoring_shard``): under ZeRO-0/1/2 with the model it trained, under FSDP2 with its gathered plain
-    copy, made after the optimizer's states are freed (training is over); under ZeRO-3 rank 0 scores them all. Forwards take ``trial_memory.scoring_batch`` rows and
-    padded tokens at most (the layout that trained, ``recomputed`` layers)."""
+    copy, made after the optimizer's states are freed (training is over); under DeepSpeed's ZeRO-3 rank 0 scores
+    them all. Forwards take ``trial_memory.scoring_batch`` rows and padded tokens at most (the layout that trained,
+    ``recomputed`` layers)."""
     from calibration.entropy.prompt_states import evaluation_entropy_stats
     from calibration.evaluate import evaluate_model
 
