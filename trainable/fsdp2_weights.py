@@ -4,8 +4,8 @@ export.
 Rank 0 (or each rank) makes an unsharded model of the same config on ``device``, in the dtype the engine computed
 in (bf16 under bf16, as DeepSpeed's 16-bit weights; float32 under fp32). Then, tensor by tensor of the state dict,
 the ranks gather the sharded tensor whole on their device (``DTensor.full_tensor``: an all-gather) and each rank
-with a copy casts it into its copy. Nothing passes through host memory; every rank's device holds one tensor more at a time, at
-most. Buffers that are not in the state dict (not sharded by FSDP2) are copied as they are.
+with a copy casts it into its copy. Nothing passes through host memory; every rank's device holds one tensor more
+at a time, at most. Buffers that are not in the state dict (not sharded by FSDP2) are copied as they are.
 """
 
 from __future__ import annotations

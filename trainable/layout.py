@@ -359,9 +359,9 @@ def phase_peaks(shape: ModelShape, stage: int, workers: int, micro_batch: int, s
     ``kernels.precompile.precompile_bytes``), the attention check (the states and ``check_activation_bytes``), the
     training steps (``peak_bytes``), the export (``train.save_model``: FSDP2 and ZeRO-3 gather a bf16 copy, 2P, on
     rank 0; FSDP2 once its optimizer states are freed, 4P/N left) and scoring: forwards over ``scoring_tokens`` padded
-    tokens, then the entropy floor's statistics (``entropy_stats_bytes``), FSDP2 on each rank's gathered copy, DeepSpeed
-    in place (``zero3_scoring`` gathers a ZeRO-3 copy only where it fits); ``replicas``: an FSDP2 layout's HSDP
-    replica groups."""
+    tokens, then the entropy floor's statistics (``entropy_stats_bytes``), FSDP2 on each rank's gathered copy,
+    DeepSpeed in place (``zero3_scoring`` gathers a ZeRO-3 copy only where it fits); ``replicas``: an FSDP2 layout's
+    HSDP replica groups."""
     fsdp2 = engine == "fsdp2"
     states = fsdp2_state_bytes(shape, workers, replicas) if fsdp2 else state_bytes(shape, stage, workers, zero)
     kept = 4 * shape.params / (workers // replicas) + (NCCL_BUFFER_BYTES if workers > 1 else 0.0) if fsdp2 \

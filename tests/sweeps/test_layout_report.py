@@ -88,7 +88,8 @@ def _mixed_grid(tmp_path: Path, benchmark_script, gpu_memory_gb: float = 79.6, s
 H200X4 = ROOT / "docs" / "measurements" / "2026-11-29e-h200x4"
 RECORDED_GRIDS = [
     (H200X4 / "mixed_grid_250_h200x4.json", 250, None,
-     {"llama-8b": "1 GPU, FSDP2, micro-batch 4 x 1, 29/32 layers checkpointed", "llama-1b": "1 GPU, FSDP2, micro-batch 4 x 1"}),
+     {"llama-8b": "1 GPU, FSDP2, micro-batch 4 x 1, 29/32 layers checkpointed",
+      "llama-1b": "1 GPU, FSDP2, micro-batch 4 x 1"}),
     (H200X4 / "sharded_grid_h200x4.json", 40, 8,
      {"llama-8b": "2 GPUs, ZeRO-2, micro-batch 4 x 1", "llama-1b": "1 GPU, FSDP2, micro-batch 8 x 1"}),
 ]

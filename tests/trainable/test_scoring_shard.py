@@ -4,7 +4,6 @@ all-gather over a real two-process gloo group, and two-rank trials scoring as on
 import datetime
 import json
 import os
-import socket
 
 import pyarrow as pa
 import pytest
@@ -39,13 +38,10 @@ def _rank(rank: int, port: int, out: dict) -> None:
         dist.destroy_process_group()
 
 
-def test_the_ranks_records_are_gathered_in_rank_order_on_every_rank():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def test_the_ranks_records_are_gathered_in_rank_order_on_every_rank(free_port):
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(port, out), nprocs=2, join=True)
+        mp.spawn(_rank, args=(free_port, out), nprocs=2, join=True)
         assert dict(out) == {0: [["q0a"], ["q1a", "q1b"]], 1: [["q0a"], ["q1a", "q1b"]]}
 
 
