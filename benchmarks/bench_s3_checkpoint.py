@@ -25,7 +25,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ from local_s3 import local_s3  # noqa: E402
 from rclone_s3 import rclone_s3  # noqa: E402
 
 from common.disk_cache import atomic_write  # noqa: E402
+from common.ports import free_port  # noqa: E402
 
 RUN = "bench-ckpt"
 SERVERS = {"rclone": rclone_s3, "moto": local_s3}
@@ -55,9 +55,7 @@ def _one_rank_group(device) -> None:
 
     if dist.is_initialized():
         return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 import threading
 import urllib.request
 from typing import Any, Iterator
 
 from werkzeug.serving import WSGIRequestHandler, make_server
+
+from common.ports import free_port
 
 _CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -90,9 +91,7 @@ class LocalS3:
         self._lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
-        with socket.socket() as probe:  # a free port, kept across stop/start
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()  # a free port, kept across stop/start
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.env = {"AWS_ENDPOINT_URL": self.endpoint, **_CREDENTIALS}
 

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from common.ports import free_port
+
 _KEY, _SECRET = "testing", "testing"
 
 
@@ -73,9 +75,7 @@ def rclone_binary() -> str:
 def rclone_s3(bucket: str = "calsweep-bench", timeout_s: float = 30.0) -> Iterator[RcloneS3]:
     """Start ``rclone serve s3`` over a temporary folder holding an empty ``bucket``; stop it and remove the folder
     on exit."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="calsweep-rclone-") as root:
         (Path(root) / bucket).mkdir()
         server = subprocess.Popen([rclone_binary(), "serve", "s3", "--addr", f"127.0.0.1:{port}",

@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
+
+from common.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,9 +34,7 @@ def _init_one_rank() -> None:
 
     if dist.is_initialized():
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     import torch
 

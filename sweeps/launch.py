@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 import yaml
 
 from common.datasource import DataSourceError, resolve_data_dir
+from common.ports import free_port
 from sweeps import cluster_gpus, search, store
 from sweeps.config import (ConfigError, SweepConfig, load_sweep, name_problems, sweep_to_dict, with_absolute_local_paths,
                            workers_for)
@@ -174,15 +175,6 @@ def read_saved_sweep(results_dir: str, name: str, into: str) -> str:
     return local
 
 
-def _free_port() -> int:
-    """A TCP port free on this host now (for the local Ray's dashboard)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _trial_name(sweep: SweepConfig):
     return lambda t: sweep.trial(sweep.point(t.config)).trial_id
 
@@ -211,7 +203,7 @@ def run_sweep(sweep: SweepConfig, address: str | None, dashboard: bool, resume: 
         # a Ray of our own ("local": never silently the one a `ray start` on this machine left in /tmp/ray), always
         # with the dashboard on a free port: Ray Train frees the workers' resources of a trial Tune stopped or lost
         # through its State API; without it (8265 taken by another Ray) a long ASHA search stalls on leaked CPUs
-        context = ray.init(address="local", include_dashboard=True, dashboard_port=_free_port(),
+        context = ray.init(address="local", include_dashboard=True, dashboard_port=free_port(),
                            configure_logging=True, **quiet)
     if not verbose:  # a failed trial is one FAILED line, not Tune's traceback; no Optuna INFO line ('study created')
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from common.datasource import DATA_DIR_ENV
+from common.ports import free_port
 
 
 def _define_triton_kernels_interpreted() -> None:
@@ -91,15 +92,11 @@ def smollm2_tokenizer():
 @pytest.fixture(scope="session")
 def one_rank_process_group():
     """A one-process gloo group, as Ray Train would set up for a one-worker CPU trial."""
-    import socket
-
     import torch.distributed as dist
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         dist.init_process_group("gloo", rank=0, world_size=1)
     yield

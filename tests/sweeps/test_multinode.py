@@ -7,7 +7,6 @@ node (the row's ``node_id``), and the store ends with one ok row per trial and n
 closing table shows and ``calsweep analyze`` reads."""
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
+from common.ports import free_port
 from sweeps import analyze, store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,9 +43,7 @@ def cluster(data_dir, results):
 
     os.environ["CALSWEEP_DATA_DIR"] = data_dir  # the nodes' processes (trial drivers, workers) inherit it
     # the dashboard as on a real head: Ray Train frees a dead trial's placement group through its State API
-    with socket.socket() as probe:  # a free port: 8265 may be another Ray instance's on this machine
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a free port: 8265 may be another Ray instance's on this machine
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": 0, "include_dashboard": True, "dashboard_port": port})
     workers = [cluster.add_node(num_cpus=1) for _ in range(2)]

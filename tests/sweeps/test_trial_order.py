@@ -135,10 +135,11 @@ def test_one_gpu_trials_fill_the_gpu_two_gpu_trials_leave(tmp_path):
     import ray
     from ray import tune
 
+    from common.ports import free_port
     from sweeps.driver import trial_resources
-    from sweeps.launch import _free_port, plan_resources
+    from sweeps.launch import plan_resources
 
-    ray.init(address="local", num_cpus=8, num_gpus=3, include_dashboard=True, dashboard_port=_free_port(),
+    ray.init(address="local", num_cpus=8, num_gpus=3, include_dashboard=True, dashboard_port=free_port(),
              configure_logging=False)
     try:
         sweep = plan_resources(_sweep(), ray.cluster_resources())

@@ -2,12 +2,13 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from common.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,17 +38,11 @@ os._exit(0)  # no interpreter teardown either: threads it would destroy still ru
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _two_ranks(trial, out: Path, resume_from: Path | None = None) -> list[dict]:
     """Rank 0's reports of the trial run by two processes (DS_ACCELERATOR=cpu, gloo)."""
     out.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+           "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
     ranks = [subprocess.Popen([sys.executable, "-c", RANK, json.dumps(trial.to_dict()), str(out),
                                str(resume_from or "")], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
@@ -63,9 +58,3 @@ def two_ranks():
     """``two_ranks(trial, out, resume_from=None)``: rank 0's reports of ``trial`` run by two rank processes (DeepSpeed
     on the CPU, gloo), each checkpoint it reports copied into ``out/<phase><step>``."""
     return _two_ranks
-
-
-@pytest.fixture
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1, for a process group's rendezvous."""
-    return _free_port()

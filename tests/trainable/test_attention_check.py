@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from trainable.attention_check import (MATH, AttentionCalls, agreement, choose_a
 from trainable.compiled import decoder_layers
 from trainable.lm_head import CausalLMWithFusedLoss
 from common.models import load_model, load_tokenizer, resolve_model
+from common.ports import free_port
 from trainable.sft_data import build_sft_examples, collate
 from trainable.config import SFTConfig, TrialConfig
 
@@ -230,9 +230,7 @@ os._exit(0)
 def test_a_kernel_failing_on_one_rank_is_dropped_by_all_before_any_collective(tiny_llama_config, tmp_path):
     """Under FSDP2 a candidate whose kernel raises on rank 0 only: its forward (which gathers every layer) runs on no
     rank, both ranks go on to the next candidate, and nothing waits in a collective (the group's timeout: 60 s)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
     ranks = [subprocess.Popen([sys.executable, "-c", RANK, json.dumps(tiny_llama_config), str(tmp_path)],

@@ -5,7 +5,6 @@ groups are whole nodes' ranks whether a node's ranks are consecutive or interlea
 """
 
 import os
-import socket
 from functools import partial
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from common.ports import free_port
 from trainable.config import TrainConfig
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.sft_data import collate
@@ -85,12 +85,6 @@ def _rank_losses(rank: int, world: int, port: int, out: str) -> None:
     os._exit(0)  # no interpreter teardown: gloo's threads still running can std::terminate the rank
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_hsdp_and_a_full_shard_over_8_ranks_give_one_rank_s_losses(tmp_path):
     run_rank = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ranks', sys.argv[1]); "
@@ -99,7 +93,7 @@ def test_hsdp_and_a_full_shard_over_8_ranks_give_one_rank_s_losses(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
     ranks = [subprocess.Popen([sys.executable, "-c", run_rank, __file__, str(rank), str(world), str(port),
                                str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for world, port in ((8, _free_port()), (1, _free_port())) for rank in range(world)]
+             for world, port in ((8, free_port()), (1, free_port())) for rank in range(world)]
     logs = [process.communicate(timeout=300)[0] for process in ranks]
     failed = [log[-3000:] for process, log in zip(ranks, logs) if process.returncode != 0]
     assert not failed, failed[0]

@@ -12,13 +12,14 @@ buffer broadcast).
 import ctypes
 import gc
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from common.ports import free_port
 
 # 22.6M parameters (90 MB in float32), most of them outside the embeddings (25 MB each): a rank's shards (45 MB)
 # and one whole tensor in flight stay well under the whole model
@@ -123,9 +124,7 @@ def test_an_fsdp2_trial_builds_on_meta_and_no_rank_holds_the_whole_model(tmp_pat
                                                             custom_models={"tiny": {"config": CONFIG}})).custom_specs())
     load_model(spec, seed=11).save_pretrained(saved)
     smollm2_tokenizer.save_pretrained(saved)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     run_rank = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ranks', sys.argv[1]); "
                 "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
                 "m._rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])")

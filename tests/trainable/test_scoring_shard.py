@@ -10,6 +10,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from common.ports import free_port
 from trainable.scoring_shard import all_gather_tables, scoring_shard
 
 
@@ -38,10 +39,10 @@ def _rank(rank: int, port: int, out: dict) -> None:
         dist.destroy_process_group()
 
 
-def test_the_ranks_records_are_gathered_in_rank_order_on_every_rank(free_port):
+def test_the_ranks_records_are_gathered_in_rank_order_on_every_rank():
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(free_port, out), nprocs=2, join=True)
+        mp.spawn(_rank, args=(free_port(), out), nprocs=2, join=True)
         assert dict(out) == {0: [["q0a"], ["q1a", "q1b"]], 1: [["q0a"], ["q1a", "q1b"]]}
 
 

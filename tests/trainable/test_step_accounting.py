@@ -6,7 +6,6 @@ gradient of one big batch: sum over all 4 micro-batches' response tokens of the 
 """
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from common.ports import free_port
 from trainable.config import TrainConfig
 from trainable.lm_head import CausalLMWithFusedLoss
 from trainable.sft_data import collate
@@ -88,9 +88,7 @@ def _big_batch_reference() -> tuple[float, list[torch.Tensor], list[torch.Tensor
 
 @pytest.mark.slow
 def test_two_ranks_with_accumulation_give_the_one_big_batch_gradient(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # fresh interpreters: a fork would inherit the session's process group and DeepSpeed's cached groups
     run_rank = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ranks', sys.argv[1]); "
                 "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
