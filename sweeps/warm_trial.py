@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from common.ports import free_port
 from sweeps import checkpoints
 from sweeps.config import SweepConfig, workers_for
 from trainable.config import TrialConfig
@@ -101,9 +101,7 @@ def process_group(device: torch.device, rank: int = 0, world_size: int = 1, stor
     if dist.is_initialized():
         return
     if store is None:
-        with socket.socket() as probe:  # DeepSpeed wants a master address in the environment; nothing connects to it
-            probe.bind(("127.0.0.1", 0))
-            address, port = "127.0.0.1", probe.getsockname()[1]
+        address, port = "127.0.0.1", free_port()  # DeepSpeed wants a master address; nothing connects to it
     else:
         address, port = store.host, store.port
     os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
