@@ -91,7 +91,7 @@ class LocalS3:
         self._lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
-        self.port = free_port()  # a free port, kept across stop/start
+        self.port = free_port()  # kept across stop/start
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.env = {"AWS_ENDPOINT_URL": self.endpoint, **_CREDENTIALS}
 

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from common.ports import free_port
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common.ports import free_port  # noqa: E402 - the repository's root, inserted above
 
 
 IMPLS = ("torch", "fused", "loose", "none")  # loss_impl torch | fused with filter exact, loose or none

@@ -43,7 +43,7 @@ def cluster(data_dir, results):
 
     os.environ["CALSWEEP_DATA_DIR"] = data_dir  # the nodes' processes (trial drivers, workers) inherit it
     # the dashboard as on a real head: Ray Train frees a dead trial's placement group through its State API
-    port = free_port()  # a free port: 8265 may be another Ray instance's on this machine
+    port = free_port()  # not 8265: another Ray instance on this machine may hold it
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": 0, "include_dashboard": True, "dashboard_port": port})
     workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
